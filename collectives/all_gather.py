@@ -1,0 +1,22 @@
+"""Ring all-gather: rank r contributes block r; every rank ends with all N blocks in rank order.
+
+In step s, rank r passes block (r - s) to its right neighbour and receives block (r - s - 1)
+from its left (see all_reduce.py for the ring). After N-1 steps every block has gone round the
+ring. Each rank sends and receives (N-1)/N of the output.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transports.base import Transport
+
+from .ring import all_gather_pass
+
+
+def ring_all_gather(transport: Transport, work: Any) -> None:
+    """`work` is the flat output, N equal blocks, block `rank` already filled; fill the rest."""
+    size = transport.size
+    block = work.size // size
+    bounds = [(r * block, (r + 1) * block) for r in range(size)]
+    all_gather_pass(transport, work, bounds, first=0)

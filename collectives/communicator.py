@@ -1,0 +1,224 @@
+"""The public face of the engine: a `Communicator` over one transport.
+
+It checks arguments, turns user arrays (any shape, any layout) into the flat contiguous
+buffers the algorithms work on, and copies results back where they belong. The algorithms
+themselves live one per module and see only the transport.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import numpy
+
+from transports.base import Stats, Transport
+
+from .all_gather import ring_all_gather
+from .all_reduce import ring_all_reduce
+from .broadcast import ring_broadcast
+from .ops import resolve_op
+from .reduce_scatter import ring_reduce_scatter
+from .scatter import scatter_from_root
+
+
+def array_module(buf: Any) -> ModuleType:
+    """numpy or cupy, whichever `buf` belongs to; TypeError for anything else."""
+    if isinstance(buf, numpy.ndarray):
+        return numpy
+    if type(buf).__module__.startswith("cupy"):
+        import cupy
+
+        return cupy
+    raise TypeError(f"expected a NumPy or CuPy array, got {type(buf).__name__}")
+
+
+def _flat_work(buf: Any, xp: ModuleType) -> tuple[Any, bool]:
+    """A flat contiguous array sharing memory with `buf` if possible, else a copy.
+
+    Returns (work, copied): when copied, the result must be written back into `buf`.
+    """
+    if buf.flags.c_contiguous:
+        return buf.reshape(-1), False
+    return xp.ascontiguousarray(buf).reshape(-1), True
+
+
+class Communicator:
+    """Collectives among `size` ranks over one transport. Use as a context manager."""
+
+    def __init__(self, transport: Transport) -> None:
+        self._transport = transport
+        self._calls = 0
+
+    # ---- who we are ----------------------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        return self._transport.rank
+
+    @property
+    def size(self) -> int:
+        return self._transport.size
+
+    @property
+    def transport(self) -> str:
+        """The name of the transport in use: "mpi", "shm", "cuda_ipc" or "threads"."""
+        return self._transport.name
+
+    @property
+    def stats(self) -> Stats:
+        """Bytes and messages this rank has moved; `comm.stats.reset()` starts again."""
+        return self._transport.stats
+
+    # ---- the collectives -----------------------------------------------------------------
+
+    def all_reduce(self, sendbuf: Any, recvbuf: Any | None = None, op: str = "sum") -> Any:
+        """Reduce `sendbuf` over all ranks with `op`; every rank gets the same result.
+
+        Returns `recvbuf` (allocated when None); `recvbuf is sendbuf` works in place.
+        """
+        xp = self._module(sendbuf, recvbuf)
+        ufunc = resolve_op(op, sendbuf.dtype, xp)
+        recvbuf = self._output(recvbuf, sendbuf.shape, sendbuf.dtype, xp)
+        if recvbuf is not sendbuf:
+            recvbuf[...] = sendbuf
+        work, copied = _flat_work(recvbuf, xp)
+        self._begin("all_reduce")
+        ring_all_reduce(self._transport, work, ufunc, average=(op == "avg"))
+        if copied:
+            recvbuf[...] = work.reshape(recvbuf.shape)
+        return recvbuf
+
+    def all_gather(self, sendbuf: Any, recvbuf: Any | None = None) -> Any:
+        """Gather every rank's `sendbuf` on every rank: shape (size, *sendbuf.shape), rank order."""
+        xp = self._module(sendbuf, recvbuf)
+        recvbuf = self._output(recvbuf, (self.size, *sendbuf.shape), sendbuf.dtype, xp)
+        work, copied = _flat_work(recvbuf, xp)
+        work.reshape(self.size, -1)[self.rank] = sendbuf.reshape(-1)
+        self._begin("all_gather")
+        ring_all_gather(self._transport, work)
+        if copied:
+            recvbuf[...] = work.reshape(recvbuf.shape)
+        return recvbuf
+
+    def broadcast(self, buf: Any, root: int = 0) -> Any:
+        """Copy the root's `buf` into `buf` on every rank (in place); returns `buf`."""
+        xp = self._module(buf)
+        self._check_root(root)
+        self._check_writeable(buf, "buf")
+        work, copied = _flat_work(buf, xp)
+        self._begin("broadcast")
+        ring_broadcast(self._transport, work, root)
+        if copied:
+            buf[...] = work.reshape(buf.shape)
+        return buf
+
+    def scatter(self, sendbuf: Any | None = None, recvbuf: Any | None = None,
+                root: int = 0) -> Any:
+        """Send block r of the root's `sendbuf` (shape (size, *block)) to rank r.
+
+        `sendbuf` is ignored on other ranks; there `recvbuf` may be None, and the block's shape
+        and dtype then come from the root. Returns `recvbuf`.
+        """
+        self._check_root(root)
+        xp = self._module(*(b for b in (sendbuf, recvbuf) if b is not None)) \
+            if (sendbuf is not None or recvbuf is not None) else self._transport.xp
+        blocks = None
+        if self.rank == root:
+            if sendbuf is None:
+                raise ValueError(f"scatter: the root (rank {root}) must pass sendbuf")
+            if sendbuf.ndim < 1 or sendbuf.shape[0] != self.size:
+                raise ValueError(f"scatter: sendbuf must have shape ({self.size}, ...), "
+                                 f"one block per rank; got {sendbuf.shape}")
+            blocks = xp.ascontiguousarray(sendbuf)
+            recvbuf = self._output(recvbuf, sendbuf.shape[1:], sendbuf.dtype, xp)
+        elif recvbuf is not None:
+            self._check_writeable(recvbuf, "recvbuf")
+        copy_back = None
+
+        def receive_into(shape: tuple[int, ...], dtype: Any) -> Any:
+            nonlocal recvbuf, copy_back
+            recvbuf = self._output(recvbuf, shape, dtype, xp)
+            work, copied = _flat_work(recvbuf, xp)
+            copy_back = work if copied else None
+            return work
+
+        self._begin("scatter")
+        block = scatter_from_root(self._transport, blocks, root, receive_into)
+        if self.rank == root:
+            recvbuf[...] = block.reshape(recvbuf.shape)
+        elif copy_back is not None:
+            recvbuf[...] = copy_back.reshape(recvbuf.shape)
+        return recvbuf
+
+    def reduce_scatter(self, sendbuf: Any, recvbuf: Any | None = None, op: str = "sum") -> Any:
+        """Reduce `sendbuf` (shape (size, *block)) over ranks; rank r gets block r."""
+        xp = self._module(sendbuf, recvbuf)
+        ufunc = resolve_op(op, sendbuf.dtype, xp)
+        if sendbuf.ndim < 1 or sendbuf.shape[0] != self.size:
+            raise ValueError(f"reduce_scatter: sendbuf must have shape ({self.size}, ...), "
+                             f"one block per rank; got {sendbuf.shape}")
+        recvbuf = self._output(recvbuf, sendbuf.shape[1:], sendbuf.dtype, xp)
+        work = xp.array(sendbuf, order="C", copy=True).reshape(-1)
+        self._begin("reduce_scatter")
+        block = ring_reduce_scatter(self._transport, work, ufunc, average=(op == "avg"))
+        recvbuf[...] = block.reshape(recvbuf.shape)
+        return recvbuf
+
+    def barrier(self) -> None:
+        """Return once every rank has called `barrier`."""
+        self._begin("barrier")
+        self._transport.barrier()
+
+    def close(self) -> None:
+        """Release the transport's resources. The communicator cannot be used afterwards."""
+        self._transport.close()
+
+    def __enter__(self) -> Communicator:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Communicator rank {self.rank} of {self.size} over {self.transport}>"
+
+    # ---- argument checks -----------------------------------------------------------------
+
+    def _begin(self, collective: str) -> None:
+        if self._transport.closed:
+            raise ValueError("this communicator is closed")
+        self._calls += 1
+        self._transport.where = f"{collective} #{self._calls}"
+
+    def _module(self, *buffers: Any) -> ModuleType:
+        modules = {array_module(b) for b in buffers if b is not None}
+        if len(modules) > 1:
+            raise TypeError("buffers mix NumPy and CuPy arrays; pass arrays of one kind")
+        (xp,) = modules
+        if xp is not self._transport.xp:
+            raise TypeError(f"the {self.transport} transport moves {self._transport.xp.__name__}"
+                            f" arrays, got a {xp.__name__} array")
+        return xp
+
+    def _output(self, buf: Any | None, shape: tuple[int, ...], dtype: Any,
+                xp: ModuleType) -> Any:
+        """Allocate the result array, or check that the caller's one fits."""
+        if buf is None:
+            return xp.empty(shape, dtype)
+        if tuple(buf.shape) != tuple(shape) or buf.dtype != dtype:
+            raise ValueError(f"recvbuf must have shape {tuple(shape)} and dtype "
+                             f"{xp.dtype(dtype)}; got shape {tuple(buf.shape)} and dtype "
+                             f"{buf.dtype}")
+        self._check_writeable(buf, "recvbuf")
+        return buf
+
+    @staticmethod
+    def _check_writeable(buf: Any, name: str) -> None:
+        array_module(buf)
+        if not getattr(buf.flags, "writeable", True):
+            raise ValueError(f"{name} is read-only")
+
+    def _check_root(self, root: int) -> None:
+        if not isinstance(root, (int, numpy.integer)) or not 0 <= root < self.size:
+            raise ValueError(f"root {root!r} is not a rank in [0, {self.size})")

@@ -1,0 +1,28 @@
+"""Ring reduce-scatter: block r of the reduction of every rank's buffer ends on rank r.
+
+This is the first pass of ring all-reduce (see all_reduce.py), shifted by one chunk so that
+the block each rank finishes with is its own: in step s, rank r sends block (r - s - 1) and
+receives block (r - s - 2), reducing it into its copy. Each rank sends (N-1)/N of the input.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transports.base import ReduceOp, Transport
+
+from .ring import reduce_scatter_pass
+
+
+def ring_reduce_scatter(transport: Transport, work: Any, op: ReduceOp,
+                        average: bool = False) -> Any:
+    """Reduce-scatter the flat array `work` (N equal blocks, overwritten); returns block `rank`."""
+    size, rank = transport.size, transport.rank
+    block = work.size // size
+    bounds = [(r * block, (r + 1) * block) for r in range(size)]
+    owned = reduce_scatter_pass(transport, work, bounds, op, first=-1)
+    assert owned == rank
+    result = work[slice(*bounds[rank])]
+    if average:
+        transport.xp.true_divide(result, size, out=result)
+    return result

@@ -1,0 +1,64 @@
+"""Scatter from a root: block r of the root's buffer goes to rank r.
+
+The root sends each rank its own block directly, starting with its right neighbour, so every
+rank receives exactly its block and the root sends (N-1)/N of its buffer, the least possible.
+A small header goes first, so a rank that passes no receive buffer learns the block's shape
+and dtype from the root, and a rank whose buffer does not fit still drains its block (no
+sender is left hanging) before it raises.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Callable
+
+import numpy
+
+from transports.base import Transport
+
+HEADER_BYTES = 1024
+
+
+def _header(shape: tuple[int, ...], dtype: Any) -> numpy.ndarray:
+    text = json.dumps({"shape": list(shape), "dtype": numpy.dtype(dtype).str}).encode()
+    if len(text) > HEADER_BYTES:
+        raise ValueError(f"scatter: cannot describe a block of shape {shape} in a header")
+    header = numpy.zeros(HEADER_BYTES, numpy.uint8)
+    header[: len(text)] = numpy.frombuffer(text, numpy.uint8)
+    return header
+
+
+def _parse(header: Any) -> tuple[tuple[int, ...], numpy.dtype]:
+    raw = header.get() if hasattr(header, "get") else header  # CuPy -> NumPy
+    fields = json.loads(bytes(raw).rstrip(b"\0"))
+    return tuple(fields["shape"]), numpy.dtype(fields["dtype"])
+
+
+def scatter_from_root(transport: Transport, blocks: Any | None, root: int,
+                      receive_into: Callable[[tuple[int, ...], Any], Any]) -> Any:
+    """Send block r of `blocks` (root only: shape (N, ...), contiguous) to each rank r.
+
+    Every rank other than the root calls `receive_into(shape, dtype)` for the flat array to
+    receive its block into, and returns that array; the root returns its own block, flat.
+    """
+    xp, rank, size = transport.xp, transport.rank, transport.size
+    if rank == root:
+        header = xp.asarray(_header(blocks.shape[1:], blocks.dtype))
+        flat = blocks.reshape(size, -1)
+        for step in range(1, size):
+            peer = (root + step) % size
+            transport.send(header, peer)
+            transport.send(flat[peer], peer)
+        return flat[root]
+    header = xp.empty(HEADER_BYTES, xp.uint8)
+    transport.recv(header, root)
+    shape, dtype = _parse(header)
+    try:
+        target, problem = receive_into(shape, dtype), None
+    except (ValueError, TypeError) as error:
+        target, problem = xp.empty(math.prod(shape), dtype), error
+    transport.recv(target, root)
+    if problem is not None:
+        raise problem
+    return target

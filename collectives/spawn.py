@@ -1,0 +1,56 @@
+"""Run a function on N in-process ranks (threads), each with its own Communicator.
+
+Like Gloo's `spawnThreads`: the quickest way to try a collective, teach it, or test it at
+several sizes without starting processes.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any, Callable
+
+from transports.threads import ThreadGroup, ThreadTransport
+
+from .communicator import Communicator
+
+
+def spawn(fn: Callable[..., Any], size: int, *args: Any, segment_bytes: int | None = None,
+          timeout: float | None = None) -> list[Any]:
+    """Call `fn(comm, *args)` on `size` thread ranks; return their results in rank order.
+
+    If any rank raises, the others are released from their waits and the first exception is
+    raised again here, with the rank that raised it named.
+    """
+    if size < 1:
+        raise ValueError(f"spawn needs at least one rank, got {size}")
+    group = ThreadGroup(size)
+    results: list[Any] = [None] * size
+    failures: list[tuple[int, BaseException]] = []
+    lock = threading.Lock()
+
+    def run(rank: int) -> None:
+        transport = ThreadTransport(group, rank, segment_bytes=segment_bytes, timeout=timeout)
+        with Communicator(transport) as comm:
+            try:
+                results[rank] = fn(comm, *args)
+            except BaseException as error:  # noqa: BLE001 - handed to the caller below
+                with lock:
+                    failures.append((rank, error))
+                group.fail()
+
+    threads = [threading.Thread(target=run, args=(rank,), name=f"rank-{rank}", daemon=True)
+               for rank in range(size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        rank, error = failures[0]
+        note = f"raised on rank {rank} of {size}"
+        if sys.version_info >= (3, 11):
+            error.add_note(note)
+        else:
+            error.args = (f"{error.args[0] if error.args else ''} ({note})", *error.args[1:])
+        raise error
+    return results

@@ -1,0 +1,1 @@
+"""How bytes move between ranks. Algorithms see only `transports.base.Transport`."""

@@ -1,0 +1,207 @@
+"""The seam between algorithms and transports.
+
+An algorithm sees a transport as a handful of neighbour operations on flat, contiguous
+arrays: exchange (`sendrecv`), receive-and-reduce (`sendrecv_reduce`), `send`, `recv`,
+`barrier` and `close`. It never learns how the bytes move. A transport never learns which
+collective it serves.
+
+The public methods here validate their arguments once, count bytes, record a trace when one
+is asked for, and skip empty transfers (both sides agree a chunk is empty, so neither posts a
+message). Each transport overrides only the raw moves `_sendrecv`, `_barrier`, and optionally
+`_sendrecv_reduce` (the default receives into bounded scratch, then reduces).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, fields
+from types import ModuleType
+from typing import Any, Callable
+
+import numpy
+
+from .errors import TimeoutError
+
+# A reduction is a binary ufunc of the array module: op(acc, incoming, out=acc).
+ReduceOp = Callable[..., Any]
+
+DEFAULT_SEGMENT_BYTES = 1 << 20
+DEFAULT_TIMEOUT_S = 300.0
+
+
+@dataclass
+class Stats:
+    """Bytes and messages this rank moved since the last reset (empty transfers not counted)."""
+
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    messages: int = 0  # point-to-point sends requested by the algorithms
+
+    def reset(self) -> None:
+        for f in fields(self):
+            setattr(self, f.name, 0)
+
+
+def buffer_address(buf: Any) -> int:
+    """Address of the first element of a NumPy or CuPy array."""
+    if isinstance(buf, numpy.ndarray):
+        return buf.__array_interface__["data"][0]
+    return buf.data.ptr
+
+
+def element_span(buf: Any) -> tuple[int, int]:
+    """(offset, count) of a view inside the array it was cut from, in elements."""
+    base = buf.base if buf.base is not None else buf
+    return (buffer_address(buf) - buffer_address(base)) // buf.itemsize, buf.size
+
+
+def segments(count: int, itemsize: int, segment_bytes: int) -> list[tuple[int, int]]:
+    """Split `count` elements into [lo, hi) pieces of at most `segment_bytes` each."""
+    step = max(1, segment_bytes // itemsize)
+    return [(lo, min(lo + step, count)) for lo in range(0, count, step)]
+
+
+class Transport(ABC):
+    """Moves bytes between `size` ranks. Subclasses set `name` and implement the raw moves."""
+
+    name: str = "?"
+
+    def __init__(self, rank: int, size: int, *, segment_bytes: int | None = None,
+                 timeout: float | None = None, xp: ModuleType = numpy) -> None:
+        self.rank = rank
+        self.size = size
+        self.xp = xp
+        self.segment_bytes = int(segment_bytes or os.environ.get("RINGCC_SEGMENT_BYTES",
+                                                                 DEFAULT_SEGMENT_BYTES))
+        if self.segment_bytes < 1:
+            raise ValueError(f"segment_bytes must be positive, got {self.segment_bytes}")
+        self.timeout = float(timeout or os.environ.get("RINGCC_TIMEOUT", DEFAULT_TIMEOUT_S))
+        self.stats = Stats()
+        self.trace: list[dict] | None = None  # a list while tracing, else None (free when off)
+        self.where = ""  # what the caller is doing, for error messages ("all_reduce #3")
+        self.closed = False
+
+    # ---- the seam: what algorithms call -------------------------------------------------
+
+    def sendrecv(self, sendbuf: Any | None, dst: int | None,
+                 recvbuf: Any | None, src: int | None) -> None:
+        """Send `sendbuf` to `dst` while receiving `recvbuf` from `src`; either side may be None."""
+        sendbuf, recvbuf = self._check(sendbuf, dst), self._check(recvbuf, src)
+        if sendbuf is None and recvbuf is None:
+            return
+        self._count("copy", sendbuf, dst, recvbuf, src)
+        self._sendrecv(sendbuf, dst, recvbuf, src)
+
+    def sendrecv_reduce(self, sendbuf: Any | None, dst: int | None,
+                        accbuf: Any | None, src: int | None, op: ReduceOp) -> None:
+        """Send `sendbuf` to `dst` while receiving from `src` and reducing: acc = op(acc, received)."""
+        sendbuf, accbuf = self._check(sendbuf, dst), self._check(accbuf, src)
+        if sendbuf is None and accbuf is None:
+            return
+        self._count("reduce", sendbuf, dst, accbuf, src)
+        if accbuf is None:
+            self._sendrecv(sendbuf, dst, None, None)
+        else:
+            self._sendrecv_reduce(sendbuf, dst, accbuf, src, op)
+
+    def send(self, buf: Any, dst: int) -> None:
+        """Send `buf` to `dst`; returns once `buf` may be reused."""
+        self.sendrecv(buf, dst, None, None)
+
+    def recv(self, buf: Any, src: int) -> None:
+        """Receive from `src` into `buf`."""
+        self.sendrecv(None, None, buf, src)
+
+    def barrier(self) -> None:
+        """Return once every rank has entered the barrier."""
+        if self.size > 1:
+            self._barrier()
+
+    def close(self) -> None:
+        """Release what the transport holds; safe to call twice."""
+        self.closed = True
+
+    # ---- what each transport provides ----------------------------------------------------
+
+    @abstractmethod
+    def _sendrecv(self, sendbuf: Any | None, dst: int | None,
+                  recvbuf: Any | None, src: int | None) -> None:
+        """Raw exchange of non-empty, validated buffers (either may be None)."""
+
+    @abstractmethod
+    def _barrier(self) -> None:
+        """Raw barrier among more than one rank."""
+
+    def _sendrecv_reduce(self, sendbuf: Any | None, dst: int | None,
+                         accbuf: Any, src: int, op: ReduceOp) -> None:
+        """Receive in segments into bounded scratch and reduce each one as it lands."""
+        pieces = segments(accbuf.size, accbuf.itemsize, self.segment_bytes)
+        sent = segments(0 if sendbuf is None else sendbuf.size, accbuf.itemsize,
+                        self.segment_bytes)
+        scratch = self.xp.empty(pieces[0][1], accbuf.dtype)
+        for k in range(max(len(pieces), len(sent))):
+            out = sendbuf[slice(*sent[k])] if k < len(sent) else None
+            if k < len(pieces):
+                lo, hi = pieces[k]
+                self._sendrecv(out, dst if out is not None else None, scratch[: hi - lo], src)
+                op(accbuf[lo:hi], scratch[: hi - lo], out=accbuf[lo:hi])
+            else:
+                self._sendrecv(out, dst, None, None)
+
+    # ---- helpers shared by transports ----------------------------------------------------
+
+    def wait(self, ready: Callable[[], bool], peer: int | None, what: str) -> None:
+        """Wait until `ready()` is true: spin briefly, then yield the CPU, then nap.
+
+        Ranks may outnumber cores, so a long wait must let the peer we wait for run.
+        """
+        if ready():
+            return
+        deadline = time.monotonic() + self.timeout
+        polls = 0
+        while not ready():
+            polls += 1
+            if polls < 50:
+                continue
+            if polls < 2000:
+                os.sched_yield()
+            else:
+                time.sleep(50e-6 if polls < 20000 else 1e-3)
+            if polls % 50 == 0 and time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"rank {self.rank} waited {self.timeout:g} s for {what}"
+                    + (f" from rank {peer}" if peer is not None else "")
+                    + (f" during {self.where}" if self.where else "")
+                    + f" on the {self.name} transport")
+
+    def _check(self, buf: Any | None, peer: int | None) -> Any | None:
+        """Validate one side of a transfer; an empty buffer means no transfer at all."""
+        if buf is None:
+            return None
+        if peer is None or not 0 <= peer < self.size or peer == self.rank:
+            raise ValueError(f"rank {self.rank}: peer {peer} is not another rank of {self.size}")
+        if buf.ndim != 1 or not buf.flags.c_contiguous:
+            raise ValueError("transports move flat contiguous arrays only")
+        return buf if buf.size else None
+
+    def _count(self, kind: str, sendbuf: Any | None, dst: int | None,
+               recvbuf: Any | None, src: int | None) -> None:
+        if sendbuf is not None:
+            self.stats.bytes_sent += sendbuf.nbytes
+            self.stats.messages += 1
+        if recvbuf is not None:
+            self.stats.bytes_received += recvbuf.nbytes
+        if self.trace is not None:
+            self.trace.append({
+                "rank": self.rank, "kind": kind, "where": self.where,
+                "dst": dst if sendbuf is not None else None,
+                "send": element_span(sendbuf) if sendbuf is not None else None,
+                "src": src if recvbuf is not None else None,
+                "recv": element_span(recvbuf) if recvbuf is not None else None,
+                "bytes": sendbuf.nbytes if sendbuf is not None else 0,
+            })
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} rank {self.rank} of {self.size}>"

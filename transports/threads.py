@@ -1,0 +1,73 @@
+"""Ranks as threads in one process: for teaching, and for fast tests without MPI.
+
+Each ordered pair of ranks has a mailbox; a send puts a copy of the buffer in it and a receive
+takes the next one out, so messages between two ranks arrive in order, as with MPI. If any rank
+fails, the group is marked failed and every waiting rank stops with `PeerFailedError`.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any
+
+from .base import Transport
+from .errors import PeerFailedError
+
+
+class ThreadGroup:
+    """What the threads of one group share: mailboxes, a barrier, and a failure flag."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.mailboxes = {(src, dst): queue.SimpleQueue()
+                          for src in range(size) for dst in range(size) if src != dst}
+        self.barrier = threading.Barrier(size)
+        self.failed = threading.Event()
+
+    def fail(self) -> None:
+        """Release every rank that waits: one of them has failed."""
+        self.failed.set()
+        self.barrier.abort()
+
+
+class ThreadTransport(Transport):
+    """One rank of a `ThreadGroup`."""
+
+    name = "threads"
+
+    def __init__(self, group: ThreadGroup, rank: int, **options: Any) -> None:
+        super().__init__(rank, group.size, **options)
+        self.group = group
+
+    def _sendrecv(self, sendbuf: Any | None, dst: int | None,
+                  recvbuf: Any | None, src: int | None) -> None:
+        if sendbuf is not None:
+            self.group.mailboxes[(self.rank, dst)].put(sendbuf.copy())
+        if recvbuf is not None:
+            box = self.group.mailboxes[(src, self.rank)]
+            message = None
+
+            def arrived() -> bool:
+                nonlocal message
+                if self.group.failed.is_set():
+                    raise PeerFailedError(f"rank {self.rank}: another rank failed while this "
+                                          f"one waited for rank {src}")
+                try:
+                    message = box.get(timeout=0.01)
+                    return True
+                except queue.Empty:
+                    return False
+
+            self.wait(arrived, src, "a message")
+            if message.nbytes != recvbuf.nbytes:
+                raise ValueError(f"rank {self.rank} expected {recvbuf.nbytes} bytes from rank "
+                                 f"{src} but got {message.nbytes}")
+            recvbuf[...] = message.view(recvbuf.dtype)
+
+    def _barrier(self) -> None:
+        try:
+            self.group.barrier.wait(timeout=self.timeout)
+        except threading.BrokenBarrierError:
+            raise PeerFailedError(f"rank {self.rank}: the barrier broke (a rank failed or "
+                                  f"timed out)") from None
