@@ -25,16 +25,18 @@ __all__ = ["init", "spawn", "Communicator", "chunk_bounds", "OPS", "TRANSPORTS",
 
 
 def init(transport: str = "auto", comm: Any = None, *, segment_bytes: int | None = None,
-         timeout: float | None = None) -> Communicator:
+         timeout: float | None = None, trace: bool = False) -> Communicator:
     """A Communicator over the ranks of `comm` (an mpi4py communicator, default COMM_WORLD).
 
     transport: "auto" picks the fastest transport that fits; "mpi" is point-to-point MPI.
     segment_bytes: how large messages are cut for pipelining (also bounds scratch memory).
     timeout: seconds any wait may last (default 300, or $RINGCC_TIMEOUT).
+    trace: record every transfer from the start (see `Communicator.trace`).
     """
     if transport not in TRANSPORTS:
         raise ValueError(f"unknown transport {transport!r}; expected one of "
                          f"{', '.join(TRANSPORTS)} (use collectives.spawn for threads)")
     from transports.mpi import MPITransport
 
-    return Communicator(MPITransport(comm, segment_bytes=segment_bytes, timeout=timeout))
+    options = {"segment_bytes": segment_bytes, "timeout": timeout}
+    return Communicator(MPITransport(comm, **options), trace=trace)

@@ -29,14 +29,18 @@ def ring_broadcast(transport: Transport, work: Any, root: int) -> None:
     pieces = [work[lo:hi] for lo, hi in segments(work.size, work.itemsize, transport.segment_bytes)]
     if not pieces:
         return
+    transport.phase = "broadcast"
     if position == 0:
-        for piece in pieces:
+        for transport.step, piece in enumerate(pieces):
             transport.send(piece, right)
     elif position == size - 1:
-        for piece in pieces:
+        for transport.step, piece in enumerate(pieces):
             transport.recv(piece, left)
     else:
+        # Step k: forward segment k-1 while segment k arrives.
+        transport.step = 0
         transport.recv(pieces[0], left)
-        for previous, piece in zip(pieces, pieces[1:]):
+        for transport.step, (previous, piece) in enumerate(zip(pieces, pieces[1:]), start=1):
             transport.sendrecv(previous, right, piece, left)
+        transport.step = len(pieces)
         transport.send(pieces[-1], right)

@@ -7,8 +7,9 @@ themselves live one per module and see only the transport.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from types import ModuleType
-from typing import Any
+from typing import Any, Iterator
 
 import numpy
 
@@ -46,9 +47,11 @@ def _flat_work(buf: Any, xp: ModuleType) -> tuple[Any, bool]:
 class Communicator:
     """Collectives among `size` ranks over one transport. Use as a context manager."""
 
-    def __init__(self, transport: Transport) -> None:
+    def __init__(self, transport: Transport, trace: bool = False) -> None:
         self._transport = transport
         self._calls = 0
+        if trace:
+            transport.trace = []
 
     # ---- who we are ----------------------------------------------------------------------
 
@@ -69,6 +72,21 @@ class Communicator:
     def stats(self) -> Stats:
         """Bytes and messages this rank has moved; `comm.stats.reset()` starts again."""
         return self._transport.stats
+
+    @contextmanager
+    def trace(self) -> Iterator[list[dict]]:
+        """Record every transfer this rank makes inside the `with` block.
+
+        Yields a list that fills with one dict per transfer: rank, kind ("copy" or "reduce"),
+        where ("all_reduce #3"), phase, step, dst and send (offset, count), src and recv
+        (offset, count), bytes sent. Tracing is off, and costs nothing, outside the block.
+        """
+        records: list[dict] = [] if self._transport.trace is None else self._transport.trace
+        outer, self._transport.trace = self._transport.trace, records
+        try:
+            yield records
+        finally:
+            self._transport.trace = outer
 
     # ---- the collectives -----------------------------------------------------------------
 

@@ -23,7 +23,9 @@ def reduce_scatter_pass(transport: Transport, work: Any, bounds: list[tuple[int,
     then holds fully reduced, (rank + first + 1) mod N."""
     rank, size = transport.rank, transport.size
     right, left = (rank + 1) % size, (rank - 1) % size
+    transport.phase = "reduce-scatter"
     for step in range(size - 1):
+        transport.step = step
         send, recv = ring_chunks(rank, size, step, first)
         transport.sendrecv_reduce(work[slice(*bounds[send])], right,
                                   work[slice(*bounds[recv])], left, op)
@@ -36,7 +38,9 @@ def all_gather_pass(transport: Transport, work: Any, bounds: list[tuple[int, int
     (r + first) and ends holding all of them."""
     rank, size = transport.rank, transport.size
     right, left = (rank + 1) % size, (rank - 1) % size
+    transport.phase = "all-gather"
     for step in range(size - 1):
+        transport.step = step
         send, recv = ring_chunks(rank, size, step, first)
         transport.sendrecv(work[slice(*bounds[send])], right,
                            work[slice(*bounds[recv])], left)

@@ -16,7 +16,7 @@ from .communicator import Communicator
 
 
 def spawn(fn: Callable[..., Any], size: int, *args: Any, segment_bytes: int | None = None,
-          timeout: float | None = None) -> list[Any]:
+          timeout: float | None = None, trace: bool = False) -> list[Any]:
     """Call `fn(comm, *args)` on `size` thread ranks; return their results in rank order.
 
     If any rank raises, the others are released from their waits and the first exception is
@@ -31,7 +31,7 @@ def spawn(fn: Callable[..., Any], size: int, *args: Any, segment_bytes: int | No
 
     def run(rank: int) -> None:
         transport = ThreadTransport(group, rank, segment_bytes=segment_bytes, timeout=timeout)
-        with Communicator(transport) as comm:
+        with Communicator(transport, trace=trace) as comm:
             try:
                 results[rank] = fn(comm, *args)
             except BaseException as error:  # noqa: BLE001 - handed to the caller below

@@ -81,6 +81,8 @@ class Transport(ABC):
         self.stats = Stats()
         self.trace: list[dict] | None = None  # a list while tracing, else None (free when off)
         self.where = ""  # what the caller is doing, for error messages ("all_reduce #3")
+        self.phase = ""  # which pass of the algorithm is running ("reduce-scatter"), for traces
+        self.step = 0  # which step of that pass, for traces and error messages
         self.closed = False
 
     # ---- the seam: what algorithms call -------------------------------------------------
@@ -174,6 +176,7 @@ class Transport(ABC):
                     f"rank {self.rank} waited {self.timeout:g} s for {what}"
                     + (f" from rank {peer}" if peer is not None else "")
                     + (f" during {self.where}" if self.where else "")
+                    + (f" ({self.phase} step {self.step})" if self.phase else "")
                     + f" on the {self.name} transport")
 
     def _check(self, buf: Any | None, peer: int | None) -> Any | None:
@@ -196,6 +199,7 @@ class Transport(ABC):
         if self.trace is not None:
             self.trace.append({
                 "rank": self.rank, "kind": kind, "where": self.where,
+                "phase": self.phase, "step": self.step,
                 "dst": dst if sendbuf is not None else None,
                 "send": element_span(sendbuf) if sendbuf is not None else None,
                 "src": src if recvbuf is not None else None,

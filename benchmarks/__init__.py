@@ -1,0 +1,1 @@
+"""Benchmarks in the manner of nccl-tests: `mpiexec -n N python -m benchmarks.<collective>`."""
