@@ -16,7 +16,7 @@ import numpy
 from transports.base import Stats, Transport
 
 from .all_gather import ring_all_gather
-from .all_reduce import ring_all_reduce
+from .all_reduce import all_reduce
 from .broadcast import ring_broadcast
 from .ops import resolve_op
 from .reduce_scatter import ring_reduce_scatter
@@ -102,7 +102,7 @@ class Communicator:
             recvbuf[...] = sendbuf
         work, copied = _flat_work(recvbuf, xp)
         self._begin("all_reduce")
-        ring_all_reduce(self._transport, work, ufunc, average=(op == "avg"))
+        all_reduce(self._transport, work, ufunc, average=(op == "avg"))
         if copied:
             recvbuf[...] = work.reshape(recvbuf.shape)
         return recvbuf

@@ -8,7 +8,8 @@ collective it serves.
 The public methods here validate their arguments once, count bytes, record a trace when one
 is asked for, and skip empty transfers (both sides agree a chunk is empty, so neither posts a
 message). Each transport overrides only the raw moves `_sendrecv`, `_barrier`, and optionally
-`_sendrecv_reduce` (the default receives into bounded scratch, then reduces).
+`_sendrecv_reduce` (the default receives into bounded scratch, then reduces) and
+`_all_inputs` (the default exchanges copies with every peer).
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from __future__ import annotations
 import os
 import time
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy
 
@@ -67,9 +69,13 @@ class Transport(ABC):
     """Moves bytes between `size` ranks. Subclasses set `name` and implement the raw moves."""
 
     name: str = "?"
+    # All-reduces of at most this many bytes take the one-shot path (see all_reduce.py); a
+    # transport whose measured crossover is above zero says so here.
+    default_one_shot_bytes: int = 0
 
     def __init__(self, rank: int, size: int, *, segment_bytes: int | None = None,
-                 timeout: float | None = None, xp: ModuleType = numpy) -> None:
+                 one_shot_bytes: int | None = None, timeout: float | None = None,
+                 xp: ModuleType = numpy) -> None:
         self.rank = rank
         self.size = size
         self.xp = xp
@@ -77,6 +83,11 @@ class Transport(ABC):
                                                                  DEFAULT_SEGMENT_BYTES))
         if self.segment_bytes < 1:
             raise ValueError(f"segment_bytes must be positive, got {self.segment_bytes}")
+        if one_shot_bytes is None:  # 0 is a real setting (always the ring), so test for None
+            one_shot_bytes = os.environ.get("RINGCC_ONE_SHOT_BYTES", self.default_one_shot_bytes)
+        self.one_shot_bytes = int(one_shot_bytes)
+        if self.one_shot_bytes < 0:
+            raise ValueError(f"one_shot_bytes must be >= 0, got {self.one_shot_bytes}")
         self.timeout = float(timeout or os.environ.get("RINGCC_TIMEOUT", DEFAULT_TIMEOUT_S))
         self.stats = Stats()
         self.trace: list[dict] | None = None  # a list while tracing, else None (free when off)
@@ -116,6 +127,25 @@ class Transport(ABC):
         """Receive from `src` into `buf`."""
         self.sendrecv(None, None, buf, src)
 
+    @contextmanager
+    def all_inputs(self, buf: Any) -> Iterator[list[Any]]:
+        """Every rank's `buf`, in rank order, readable inside the `with` block.
+
+        Every rank calls it with a flat buffer of the same size and dtype. The arrays yielded
+        never alias `buf` (so `buf` may be overwritten while they are read) and must not be
+        kept after the block.
+        """
+        if buf.ndim != 1 or not buf.flags.c_contiguous:
+            raise ValueError("transports move flat contiguous arrays only")
+        if self.size == 1 or buf.size == 0:
+            yield [buf.copy() for _ in range(self.size)]
+            return
+        for step in range(1, self.size):
+            self._count("copy", buf, (self.rank + step) % self.size,
+                        buf, (self.rank - step) % self.size)
+        with self._all_inputs(buf) as inputs:
+            yield inputs
+
     def barrier(self) -> None:
         """Return once every rank has entered the barrier."""
         if self.size > 1:
@@ -152,6 +182,16 @@ class Transport(ABC):
             else:
                 self._sendrecv(out, dst, None, None)
 
+    @contextmanager
+    def _all_inputs(self, buf: Any) -> Iterator[list[Any]]:
+        """Exchange copies directly: in step s, send to rank + s and receive from rank - s."""
+        inputs = [self.xp.empty_like(buf) for _ in range(self.size)]
+        inputs[self.rank][...] = buf
+        for step in range(1, self.size):
+            src = (self.rank - step) % self.size
+            self._sendrecv(buf, (self.rank + step) % self.size, inputs[src], src)
+        yield inputs
+
     # ---- helpers shared by transports ----------------------------------------------------
 
     def wait(self, ready: Callable[[], bool], peer: int | None, what: str) -> None:
@@ -171,13 +211,19 @@ class Transport(ABC):
                 os.sched_yield()
             else:
                 time.sleep(50e-6 if polls < 20000 else 1e-3)
-            if polls % 50 == 0 and time.monotonic() > deadline:
+            if polls % 50:
+                continue
+            self._check_peer(peer)
+            if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"rank {self.rank} waited {self.timeout:g} s for {what}"
                     + (f" from rank {peer}" if peer is not None else "")
                     + (f" during {self.where}" if self.where else "")
                     + (f" ({self.phase} step {self.step})" if self.phase else "")
                     + f" on the {self.name} transport")
+
+    def _check_peer(self, peer: int | None) -> None:
+        """Called now and then while waiting on `peer` (None: on every rank); raise to stop."""
 
     def _check(self, buf: Any | None, peer: int | None) -> Any | None:
         """Validate one side of a transfer; an empty buffer means no transfer at all."""

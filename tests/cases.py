@@ -1,0 +1,177 @@
+"""Test bodies that run on every rank, and the NumPy references they are checked against.
+
+Each `*_case(comm, **example)` runs one collective on data that depends on rank and index and
+returns what this rank ended with. The same bodies run on thread ranks (`collectives.spawn`)
+and on real `mpiexec` ranks (the worker pool in `pool.py`); `check_*` then compares the list of
+per-rank results with a NumPy reference, exactly for integers and bools, within a tight
+tolerance for floats (the ring adds in another order than NumPy does).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy
+
+DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+          "float16", "float32", "float64", "complex64", "complex128")
+LAYOUTS = ("flat", "matrix", "strided")
+UFUNCS = {"sum": numpy.add, "prod": numpy.multiply, "min": numpy.minimum,
+          "max": numpy.maximum, "avg": numpy.add}
+RTOL = {"float16": 5e-3, "float32": 1e-6, "float64": 1e-14, "complex64": 1e-6,
+        "complex128": 1e-14}
+
+
+def ops_for(dtype: str) -> tuple[str, ...]:
+    """The ops a dtype supports."""
+    kind = numpy.dtype(dtype).kind
+    return {"b": ("min", "max"), "i": ("sum", "prod", "min", "max"),
+            "u": ("sum", "prod", "min", "max"), "f": ("sum", "prod", "min", "max", "avg"),
+            "c": ("sum", "prod", "avg")}[kind]
+
+
+def values(seed: int, count: int, dtype: str) -> numpy.ndarray:
+    """`count` values that depend on `seed` (a rank) and on the index: never all alike.
+
+    Floats are multiples of 1/8 in [-1.375, 1.375], so sums are exact in every float type and
+    products of six stay far from overflow.
+    """
+    i = numpy.arange(count, dtype=numpy.int64)
+    pattern = (i * 31 + seed * 17 + 5) % 23
+    kind = numpy.dtype(dtype).kind
+    if kind == "b":
+        return pattern % 3 == 0
+    if kind == "u":
+        return pattern.astype(dtype)
+    if kind == "i":
+        return (pattern - 11).astype(dtype)
+    real = (pattern - 11) / 8
+    if kind == "c":
+        return (real + 1j * ((i * 7 + seed * 3) % 13 - 6) / 8).astype(dtype)
+    return real.astype(dtype)
+
+
+def laid_out(flat: numpy.ndarray, layout: str) -> numpy.ndarray:
+    """The same values as a flat array, a 2-D array, or a non-contiguous view."""
+    if layout == "flat":
+        return flat.copy()
+    if layout == "matrix":
+        return flat.copy().reshape(1, -1) if flat.size % 2 else flat.copy().reshape(2, -1)
+    spread = numpy.zeros(2 * flat.size, flat.dtype)
+    spread[::2] = flat
+    return spread[::2]  # every other element: not contiguous
+
+
+# ---- bodies run on each rank --------------------------------------------------------------
+
+def all_reduce_case(comm: Any, count: int, dtype: str, op: str, layout: str,
+                    in_place: bool) -> dict:
+    mine = laid_out(values(comm.rank, count, dtype), layout)
+    before = mine.copy()
+    if in_place:
+        out = comm.all_reduce(mine, mine, op=op)
+        assert out is mine
+    else:
+        out = comm.all_reduce(mine, op=op)
+        assert numpy.array_equal(mine, before), "all_reduce changed its sendbuf"
+    assert out.shape == mine.shape and out.dtype == mine.dtype
+    return {"result": numpy.ascontiguousarray(out), "stats": vars(comm.stats).copy()}
+
+
+def all_gather_case(comm: Any, count: int, dtype: str, layout: str, given: bool) -> dict:
+    mine = laid_out(values(comm.rank, count, dtype), layout)
+    recvbuf = numpy.empty((comm.size, *mine.shape), mine.dtype) if given else None
+    out = comm.all_gather(mine, recvbuf)
+    assert recvbuf is None or out is recvbuf
+    return {"result": out, "stats": vars(comm.stats).copy()}
+
+
+def broadcast_case(comm: Any, count: int, dtype: str, layout: str, root: int) -> dict:
+    buf = laid_out(values(comm.rank, count, dtype), layout)
+    out = comm.broadcast(buf, root=root)
+    assert out is buf
+    return {"result": numpy.ascontiguousarray(buf), "stats": vars(comm.stats).copy()}
+
+
+def scatter_case(comm: Any, count: int, dtype: str, root: int, given: bool) -> dict:
+    sendbuf = None
+    if comm.rank == root:
+        sendbuf = values(100 + root, comm.size * count, dtype).reshape(comm.size, count)
+    recvbuf = numpy.empty(count, dtype) if given or comm.rank == root else None
+    out = comm.scatter(sendbuf, recvbuf, root=root)
+    assert recvbuf is None or out is recvbuf
+    return {"result": out}
+
+
+def reduce_scatter_case(comm: Any, count: int, dtype: str, op: str) -> dict:
+    sendbuf = values(comm.rank, comm.size * count, dtype).reshape(comm.size, count)
+    before = sendbuf.copy()
+    out = comm.reduce_scatter(sendbuf, op=op)
+    assert numpy.array_equal(sendbuf, before), "reduce_scatter changed its sendbuf"
+    return {"result": out}
+
+
+def barrier_case(comm: Any) -> dict:
+    comm.barrier()
+    return {"result": numpy.array(comm.rank)}
+
+
+# ---- references, checked in the test process ----------------------------------------------
+
+def reduce_reference(op: str, inputs: list[numpy.ndarray]) -> numpy.ndarray:
+    total = functools.reduce(lambda a, b: UFUNCS[op](a, b), inputs)
+    return total / len(inputs) if op == "avg" else total
+
+
+def assert_matches(got: numpy.ndarray, want: numpy.ndarray, dtype: str) -> None:
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert got.dtype == numpy.dtype(dtype), (got.dtype, dtype)
+    if dtype in RTOL:
+        # Values are at most 1.375 in size, so products of six stay below 8: an absolute
+        # tolerance of 8 * rtol covers cancellation in complex products.
+        rtol = RTOL[dtype]
+        numpy.testing.assert_allclose(got, want.astype(dtype), rtol=rtol, atol=8 * rtol)
+    else:
+        numpy.testing.assert_array_equal(got, want)
+
+
+def check_all_reduce(results: list[dict], count: int, dtype: str, op: str,
+                     layout: str) -> None:
+    size = len(results)
+    inputs = [laid_out(values(r, count, dtype), layout) for r in range(size)]
+    want = reduce_reference(op, inputs)
+    first = results[0]["result"]
+    assert_matches(first, want, dtype)
+    for rank, result in enumerate(results):
+        assert result["result"].tobytes() == first.tobytes(), \
+            f"rank {rank}'s result differs bitwise from rank 0's"
+
+
+def check_all_gather(results: list[dict], count: int, dtype: str, layout: str) -> None:
+    size = len(results)
+    want = numpy.stack([laid_out(values(r, count, dtype), layout) for r in range(size)])
+    for result in results:
+        assert_matches(result["result"], want, dtype)
+
+
+def check_broadcast(results: list[dict], count: int, dtype: str, layout: str,
+                    root: int) -> None:
+    want = laid_out(values(root, count, dtype), layout)
+    for result in results:
+        assert_matches(result["result"], want, dtype)
+
+
+def check_scatter(results: list[dict], count: int, dtype: str, root: int) -> None:
+    size = len(results)
+    want = values(100 + root, size * count, dtype).reshape(size, count)
+    for rank, result in enumerate(results):
+        assert_matches(result["result"], want[rank], dtype)
+
+
+def check_reduce_scatter(results: list[dict], count: int, dtype: str, op: str) -> None:
+    size = len(results)
+    inputs = [values(r, size * count, dtype).reshape(size, count) for r in range(size)]
+    want = reduce_reference(op, inputs)
+    for rank, result in enumerate(results):
+        assert_matches(result["result"], want[rank], dtype)

@@ -1,0 +1,41 @@
+"""Fixtures: where a test body runs (thread ranks or a pool of real MPI ranks)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import pytest
+
+import cases
+import collectives
+from pool import RankPool
+
+POOL_TRANSPORTS = [name for name in ("mpi", "shm") if name in collectives.TRANSPORTS]
+
+
+@pytest.fixture(scope="session")
+def rank_pool() -> RankPool:
+    pool = RankPool(POOL_TRANSPORTS)
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(params=["threads", *POOL_TRANSPORTS])
+def run(request: pytest.FixtureRequest) -> Callable[..., list[dict]]:
+    """`run(case, size, segment, **example)`: the body from cases.py on `size` ranks.
+
+    Parametrised: each test using it runs on thread ranks and on every MPI transport.
+    """
+    if request.param == "threads":
+        def on_threads(case: str, size: int, segment: int | None = None,
+                       **example: Any) -> list[dict]:
+            body = functools.partial(getattr(cases, case), **example)
+            return collectives.spawn(body, size, segment_bytes=segment)
+        return on_threads
+    pool = request.getfixturevalue("rank_pool")
+    transport = request.param
+
+    def on_pool(case: str, size: int, segment: int | None = None, **example: Any) -> list[dict]:
+        return pool.run(case, size, transport, segment, **example)
+    return on_pool

@@ -1,0 +1,132 @@
+"""The public API: what a user gets back, and the errors that bad arguments raise."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy
+import pytest
+
+import collectives
+from launch import ROOT, mpiexec, rank_env
+
+
+def read_only(count):
+    array = numpy.zeros(count)
+    array.flags.writeable = False
+    return array
+
+
+def on_ranks(fn, size=3):
+    return collectives.spawn(fn, size)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda c: c.all_reduce(numpy.zeros(4), numpy.zeros(5)),
+     r"recvbuf must have shape \(4,\) and dtype float64; got shape \(5,\)"),
+    (lambda c: c.all_reduce(numpy.zeros(4), numpy.zeros(4, numpy.float32)),
+     r"recvbuf must have shape \(4,\) and dtype float64; got shape \(4,\) and dtype float32"),
+    (lambda c: c.all_gather(numpy.zeros(2), numpy.zeros((2, 2))),
+     r"recvbuf must have shape \(3, 2\)"),
+    (lambda c: c.all_reduce(numpy.zeros(4), read_only(4)), "recvbuf is read-only"),
+    (lambda c: c.broadcast(read_only(4)), "buf is read-only"),
+    (lambda c: c.all_reduce(numpy.zeros(4), op="mean"), "unknown op 'mean'"),
+    (lambda c: c.broadcast(numpy.zeros(4), root=3), r"root 3 is not a rank in \[0, 3\)"),
+    (lambda c: c.broadcast(numpy.zeros(4), root=-1), r"root -1 is not a rank"),
+    (lambda c: c.scatter(numpy.zeros((2, 4)) if c.rank == 0 else None, root=0),
+     r"sendbuf must have shape \(3, ...\)"),
+    (lambda c: c.reduce_scatter(numpy.zeros((4, 2))), r"sendbuf must have shape \(3, ...\)"),
+])
+def test_bad_arguments_raise_value_error_naming_the_problem(call, message):
+    with pytest.raises(ValueError, match=message):
+        on_ranks(call)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda c: c.all_reduce(numpy.arange(4), op="avg"), "'avg' needs a floating dtype"),
+    (lambda c: c.all_reduce(numpy.ones(4, bool), op="sum"), "not defined on bool"),
+    (lambda c: c.all_reduce([1.0, 2.0]), "expected a NumPy or CuPy array, got list"),
+])
+def test_bad_types_raise_type_error(call, message):
+    with pytest.raises(TypeError, match=message):
+        on_ranks(call)
+
+
+def test_the_failing_rank_is_named():
+    def fail_on_two(comm):
+        if comm.rank == 2:
+            raise KeyError("boom")
+        comm.barrier()
+
+    with pytest.raises(KeyError) as caught:
+        on_ranks(fail_on_two)
+    assert "raised on rank 2 of 3" in str(caught.value.__notes__)
+
+
+def test_a_closed_communicator_says_so():
+    def use_after_close(comm):
+        comm.close()
+        comm.all_reduce(numpy.zeros(2))
+
+    with pytest.raises(ValueError, match="closed"):
+        on_ranks(use_after_close, 2)
+
+
+def test_results_keep_shape_and_layout_and_in_place_returns_the_same_array():
+    def body(comm):
+        x = numpy.arange(12.0).reshape(3, 4).T * (comm.rank + 1)  # transposed: not contiguous
+        out = comm.all_reduce(x, x)
+        return out is x, x.shape, x.copy()
+
+    for same, shape, value in on_ranks(body):
+        assert same and shape == (4, 3)
+        numpy.testing.assert_array_equal(value, numpy.arange(12.0).reshape(3, 4).T * 6)
+
+
+def test_avg_divides_once_by_the_number_of_ranks():
+    results = on_ranks(lambda c: c.all_reduce(numpy.full(5, float(c.rank)), op="avg"), 4)
+    for result in results:
+        numpy.testing.assert_array_equal(result, numpy.full(5, 1.5))
+
+
+def test_bool_min_max_are_all_and_any():
+    def body(comm):
+        flags = numpy.array([True, comm.rank == 0, False])
+        return comm.all_reduce(flags, op="min"), comm.all_reduce(flags, op="max")
+
+    for low, high in on_ranks(body):
+        assert low.tolist() == [True, False, False] and high.tolist() == [True, True, False]
+
+
+def test_context_manager_and_repr():
+    def body(comm):
+        with comm:
+            text = repr(comm)
+        return text, comm.transport, comm.rank, comm.size
+
+    assert on_ranks(body, 2)[1] == ("<Communicator rank 1 of 2 over threads>", "threads", 1, 2)
+
+
+def test_unknown_transport():
+    with pytest.raises(ValueError, match="unknown transport 'carrier-pigeon'"):
+        collectives.init("carrier-pigeon")
+
+
+def test_one_process_without_mpiexec_is_a_communicator_of_one():
+    code = ("import collectives, numpy as np\n"
+            "with collectives.init() as c:\n"
+            "    x = c.all_reduce(np.arange(3.0))\n"
+            "    print(c.rank, c.size, x, c.all_gather(x).shape, c.scatter(np.ones((1, 2))))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=rank_env(),
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.strip() == "0 1 [0. 1. 2.] (1, 3) [1. 1.]"
+
+
+def test_the_readme_one_liner_on_three_ranks():
+    code = ("import collectives, numpy as np; c = collectives.init(); "
+            "print(c.rank, c.all_reduce(np.arange(5.0) * (c.rank + 1)))")
+    env = rank_env()
+    del env["PYTHONUNBUFFERED"]  # each rank then writes its line whole, at exit
+    lines = sorted(mpiexec(3, "-c", code, timeout=60, env=env).stdout.splitlines())
+    assert lines == [f"{rank} [ 0.  6. 12. 18. 24.]" for rank in range(3)]
