@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from transports.base import ReduceOp, Transport
+from transports.base import ReduceOp, Transport, segments
 
 from .communicator import Communicator, _flat_work
 from .ops import resolve_op
@@ -53,27 +53,34 @@ def reduce_broadcast_all_reduce(transport: Transport, work: Any, op: ReduceOp,
     one after another and sends the result back to each rank in turn.
 
     The root's link carries everything, (N-1) S bytes each way, while the others idle.
+    Buffers move in segments (`segment_bytes`), each reduced as it lands.
     """
     rank, size = transport.rank, transport.size
     if size == 1:
         return
+    pieces = [work[lo:hi] for lo, hi in segments(work.size, work.itemsize,
+                                                   transport.segment_bytes)]
     peers = [(root + k) % size for k in range(1, size)]
     transport.phase = "reduce"
     if rank == root:
         for transport.step, peer in enumerate(peers):
-            transport.sendrecv_reduce(None, None, work, peer, op)
+            for piece in pieces:
+                transport.sendrecv_reduce(None, None, piece, peer, op)
         if average:
             transport.xp.true_divide(work, size, out=work)
     else:
         transport.step = peers.index(rank)
-        transport.send(work, root)
+        for piece in pieces:
+            transport.send(piece, root)
     transport.phase = "broadcast"
     if rank == root:
         for transport.step, peer in enumerate(peers):
-            transport.send(work, peer)
+            for piece in pieces:
+                transport.send(piece, peer)
     else:
         transport.step = peers.index(rank)
-        transport.recv(work, root)
+        for piece in pieces:
+            transport.recv(piece, root)
 
 
 ALGORITHMS = {"naive_ring": naive_ring_all_reduce, "reduce_broadcast": reduce_broadcast_all_reduce}

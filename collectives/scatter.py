@@ -46,16 +46,18 @@ def scatter_from_root(transport: Transport, blocks: Any | None, root: int,
     if rank == root:
         header = xp.asarray(_header(blocks.shape[1:], blocks.dtype))
         flat = blocks.reshape(size, -1)
-        transport.phase = "scatter"
         for step in range(1, size):
             transport.step = step - 1
             peer = (root + step) % size
+            transport.phase = "scatter header"
             transport.send(header, peer)
+            transport.phase = "scatter"
             transport.send(flat[peer], peer)
         return flat[root]
-    transport.phase, transport.step = "scatter", (rank - root) % size - 1
+    transport.phase, transport.step = "scatter header", (rank - root) % size - 1
     header = xp.empty(HEADER_BYTES, xp.uint8)
     transport.recv(header, root)
+    transport.phase = "scatter"
     shape, dtype = _parse(header)
     try:
         target, problem = receive_into(shape, dtype), None

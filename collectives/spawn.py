@@ -16,11 +16,12 @@ from .communicator import Communicator
 
 
 def spawn(fn: Callable[..., Any], size: int, *args: Any, segment_bytes: int | None = None,
-          timeout: float | None = None, trace: bool = False) -> list[Any]:
+          one_shot_bytes: int | None = None, timeout: float | None = None,
+          trace: bool = False) -> list[Any]:
     """Call `fn(comm, *args)` on `size` thread ranks; return their results in rank order.
 
-    If any rank raises, the others are released from their waits and the first exception is
-    raised again here, with the rank that raised it named.
+    The options are those of `collectives.init`. If any rank raises, the others are released
+    from their waits and the first exception is raised again here, with its rank named.
     """
     if size < 1:
         raise ValueError(f"spawn needs at least one rank, got {size}")
@@ -30,7 +31,8 @@ def spawn(fn: Callable[..., Any], size: int, *args: Any, segment_bytes: int | No
     lock = threading.Lock()
 
     def run(rank: int) -> None:
-        transport = ThreadTransport(group, rank, segment_bytes=segment_bytes, timeout=timeout)
+        transport = ThreadTransport(group, rank, segment_bytes=segment_bytes,
+                                    one_shot_bytes=one_shot_bytes, timeout=timeout)
         with Communicator(transport, trace=trace) as comm:
             try:
                 results[rank] = fn(comm, *args)
