@@ -5,9 +5,11 @@ PY := $(VENV)/bin/python
 MPIEXEC ?= $(VENV)/bin/mpiexec
 RANKS ?= 4
 STAMP := $(VENV)/.ringcc-installed
+# The Gloo and DDP peers of `make bench` need PyTorch; any CPU build will do.
+TORCH ?= torch==2.13.0
 export OPENBLAS_NUM_THREADS := 1
 
-.PHONY: test demo bench clean
+.PHONY: test demo bench explain clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,7 +21,15 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 demo: $(STAMP)
-	$(MPIEXEC) -n $(RANKS) $(PY) -m collectives.demo
+	$(MPIEXEC) -n $(RANKS) $(PY) -m trainer
+
+bench: $(STAMP)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)" \
+		|| echo "PyTorch could not be installed: the gloo and DDP peers are skipped"
+	$(PY) -m benchmarks.sweep
+
+explain: $(STAMP)
+	$(PY) -m collectives.explain all_reduce --ranks 4 --count 8
 
 clean:
 	rm -rf $(VENV) bench-results .pytest_cache .hypothesis

@@ -9,9 +9,18 @@ import pytest
 
 import cases
 import collectives
+from launch import mpich_segments, remove_orphaned_mpich_segments
 from pool import RankPool
 
 POOL_TRANSPORTS = [name for name in ("mpi", "shm") if name in collectives.TRANSPORTS]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leftover_mpich_segments() -> None:
+    """Jobs that tests kill on purpose leave MPICH's files behind; remove them at the end."""
+    before = mpich_segments()
+    yield
+    remove_orphaned_mpich_segments(before)
 
 
 @pytest.fixture(scope="session")

@@ -51,3 +51,23 @@ def mpiexec(ranks: int, *args: str, timeout: float = 120, check: bool = True,
         raise AssertionError(f"{' '.join(command)} exited {result.returncode}\n"
                              f"--- stdout\n{stdout}\n--- stderr\n{stderr}")
     return result
+
+
+def mpich_segments() -> set[Path]:
+    """MPICH's own shared-memory files. MPICH unlinks them at a clean exit, not when a job is
+    killed, as the fault tests and a restarted test pool do."""
+    return set(Path("/dev/shm").glob("mpich_shm_*"))
+
+
+def remove_orphaned_mpich_segments(before: set[Path]) -> None:
+    """Remove MPICH files that appeared since `before` and that no live process maps."""
+    mapped = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            mapped.update(line.rsplit(None, 1)[-1] for line in maps.read_text().splitlines()
+                          if "/dev/shm/mpich_shm_" in line)
+        except OSError:  # the process ended, or is not ours to read
+            continue
+    for path in mpich_segments() - before:
+        if str(path) not in mapped:
+            path.unlink(missing_ok=True)
