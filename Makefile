@@ -26,7 +26,7 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)" \
 		|| echo "PyTorch could not be installed: the gloo and DDP peers are skipped"
-	$(PY) -m benchmarks.sweep
+	$(PY) -m benchmarks.sweep --mpiexec $(MPIEXEC) --out bench-results
 
 explain: $(STAMP)
 	$(PY) -m collectives.explain all_reduce --ranks 4 --count 8

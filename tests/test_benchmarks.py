@@ -1,0 +1,294 @@
+"""The benchmark harness: its options, the bus-bandwidth factors, the #wrong check, the JSON and
+CSV it writes, the plot, and short real runs under mpiexec (a broken collective included)."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import textwrap
+
+import numpy
+import pytest
+
+import collectives
+from benchmarks import harness, plot
+from benchmarks.all_gather import ALL_GATHER
+from benchmarks.all_reduce import ALL_REDUCE
+from benchmarks.broadcast import BROADCAST
+from benchmarks.reduce_scatter import REDUCE_SCATTER
+from benchmarks.scatter import SCATTER
+from launch import mpiexec
+
+COLLECTIVES = [ALL_REDUCE, ALL_GATHER, BROADCAST, SCATTER, REDUCE_SCATTER]
+SCHEMA_META = {"collective", "ranks", "host", "versions", "dtype", "op", "root", "iters",
+               "warmup", "command"}
+SCHEMA_ROW = ["impl", "collective", "ranks", "bytes", "count", "dtype", "op", "root", "time_us",
+              "algbw_GBps", "busbw_GBps", "wrong"]
+
+
+def torch_here() -> bool:
+    try:
+        import torch.distributed
+    except ImportError:
+        return False
+    return torch.distributed.is_gloo_available()
+
+
+# ---- options ------------------------------------------------------------------------------
+
+def test_sizes_take_nccl_tests_suffixes():
+    assert [harness.parse_size(s) for s in ("8", "512K", "64M", "1G", "2k")] == \
+        [8, 512 << 10, 64 << 20, 1 << 30, 2048]
+    for bad in ("1X", "M", "", "-8", "1.5M"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            harness.parse_size(bad)
+
+
+def test_sizes_step_by_the_factor():
+    assert harness.sizes(8, 1024, 2) == [8, 16, 32, 64, 128, 256, 512, 1024]
+    assert harness.sizes(8, 100, 4) == [8, 32]
+    assert harness.sizes(64, 64, 1) == [64]
+    for bad in ((8, 64, 1), (64, 8, 2), (0, 8, 2)):
+        with pytest.raises(ValueError):
+            harness.sizes(*bad)
+
+
+def test_options_in_nccl_tests_spelling():
+    args = harness.parse_args(ALL_REDUCE, [
+        "-b", "1K", "-e", "1M", "-f", "4", "-n", "7", "-w", "1", "-c", "0", "-o", "max",
+        "-d", "double", "-r", "1", "--transport", "shm,mpi", "--compare", "mpi,gloo",
+        "--json", "out.json", "--csv", "out.csv"])
+    assert args.sizes == [1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20]
+    assert (args.iters, args.warmup_iters, args.check, args.op, args.root) == (7, 1, 0, "max", 1)
+    assert args.transport == ["shm", "mpi"] and args.compare == ["mpi", "gloo"]
+    assert (args.json, args.csv) == ("out.json", "out.csv")
+    assert harness.cases(ALL_REDUCE, args) == ([("float64", "max")], [])
+    defaults = harness.parse_args(ALL_REDUCE, [])
+    assert (defaults.sizes, defaults.iters, defaults.warmup_iters, defaults.check) == \
+        ([32 << 20], 20, 5, 1)
+    assert defaults.transport == ["auto"] and defaults.compare == []
+
+
+@pytest.mark.parametrize("argv", [["--compare", "nccl"], ["-f", "1", "-b", "8", "-e", "64"],
+                                  ["-n", "0"], ["-d", "bfloat16"], ["-o", "xor"], ["-c", "2"]])
+def test_bad_options_are_refused(argv, capsys):
+    with pytest.raises(SystemExit):
+        harness.parse_args(ALL_REDUCE, argv)
+    assert "error" in capsys.readouterr().err
+
+
+def test_all_ops_and_dtypes_leave_out_averages_of_integers():
+    args = harness.parse_args(ALL_REDUCE, ["-o", "all", "-d", "all"])
+    pairs, notes = harness.cases(ALL_REDUCE, args)
+    assert ("int8", "avg") not in pairs and ("float16", "avg") in pairs
+    assert len(pairs) == 6 * 4 + 3 * 5 and len(notes) == 6
+    pairs, notes = harness.cases(ALL_GATHER, args)
+    assert pairs == [(d, "none") for d in harness.DTYPES] and notes == []
+
+
+def test_counts_are_whole_blocks_per_rank():
+    assert harness.counts(ALL_GATHER, [8, 16, 64], 4, 3) == [3, 15]
+    assert harness.counts(SCATTER, [8], 1, 4) == [8]
+    assert harness.counts(ALL_REDUCE, [8, 64], 4, 3) == [2, 16]
+    for collective in COLLECTIVES:
+        for count in harness.counts(collective, [8, 1000], 4, 3):
+            send, recv = collective.shapes(count, 3)
+            assert numpy.prod(recv if collective is ALL_GATHER else send) == count
+
+
+# ---- bus bandwidth ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("collective, factor", [
+    (ALL_REDUCE, lambda n: 2 * (n - 1) / n), (ALL_GATHER, lambda n: (n - 1) / n),
+    (REDUCE_SCATTER, lambda n: (n - 1) / n), (SCATTER, lambda n: (n - 1) / n),
+    (BROADCAST, lambda n: 1.0)])
+def test_bus_bandwidth_factors_are_nccl_tests_ones(collective, factor):
+    for ranks in (1, 2, 3, 4, 8):
+        assert collective.bus_factor(ranks) == pytest.approx(factor(ranks))
+    assert collective.bus_factor(4) == {"all_reduce": 1.5, "broadcast": 1.0}.get(
+        collective.name, 0.75)
+
+
+# ---- data and the check -------------------------------------------------------------------
+
+def test_data_depends_on_rank_and_index():
+    a = harness.rank_data(0, (4096,), "float32", "sum")
+    b = harness.rank_data(1, (4096,), "float32", "sum")
+    assert len(numpy.unique(a)) == 64 and numpy.mean(a != b) > 0.9
+    assert numpy.array_equal(a, harness.rank_data(0, (4096,), "float16", "sum"))  # exact
+    assert numpy.abs(a).max() <= harness.DATA_MAX
+    products = harness.rank_data(2, (8, 512), "int8", "prod")
+    assert products.shape == (8, 512) and set(numpy.unique(products)) == {1, 2}
+
+
+def test_references_reduce_over_ranks():
+    def data(rank):
+        return harness.rank_data(rank, (1000,), "int8", "sum")
+
+    total = harness.reduce_ranks(data, 5, "sum")
+    wide = sum(data(r).astype(numpy.int64) for r in range(5))
+    assert total.dtype == numpy.int8 and numpy.array_equal(total, wide.astype(numpy.int8))
+    average = harness.reduce_ranks(lambda r: data(r).astype(numpy.float16), 5, "avg")
+    assert average.dtype == numpy.float64 and numpy.allclose(average, wide / 5)
+    assert numpy.array_equal(harness.reduce_ranks(data, 5, "max"),
+                             numpy.max([data(r) for r in range(5)], axis=0))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_check_allows_rounding_and_counts_every_wrong_element(dtype):
+    ranks = 8
+    inputs = [harness.rank_data(r, (5000,), dtype, "sum") for r in range(ranks)]
+    expected = harness.reduce_ranks(lambda r: inputs[r], ranks, "sum")
+    result = inputs[0].copy()
+    for block in reversed(inputs[1:]):  # another order of additions, rounding in `dtype`
+        result += block
+    result /= 1 + numpy.finfo(dtype).eps  # and one more rounding step
+    assert harness.count_wrong(result, expected, ranks) == 0
+    result[[3, 100, 4999]] += 0.5
+    result[7] = numpy.nan
+    assert harness.count_wrong(result, expected, ranks) == 4
+
+
+def test_check_is_exact_for_integers():
+    expected = harness.rank_data(0, (100,), "uint64", "sum")
+    result = expected.copy()
+    result[42] += 1
+    assert harness.count_wrong(result, expected, 4) == 1
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "uint64", "float16", "float64"])
+def test_poison_makes_every_element_wrong(dtype):
+    expected = harness.reduce_ranks(lambda r: harness.rank_data(r, (300,), dtype, "sum"), 3,
+                                    "sum")
+    result = numpy.empty(300, dtype)
+    harness.poison(result, expected)
+    assert harness.count_wrong(result, expected, 3) == 300
+
+
+# ---- what it writes -----------------------------------------------------------------------
+
+def example_rows(ranks: int) -> list[dict]:
+    return [dict(zip(SCHEMA_ROW, [impl, "all_reduce", ranks, size, size // 4, "float32", "sum",
+                                  -1, 10.0 + size / 1e3, size / 1e4, 1.5 * size / 1e4, 0]))
+            for impl in ("ringcc:mpi", "mpi") for size in (1024, 4096)]
+
+
+def test_json_and_csv_round_trip(tmp_path):
+    meta = {"collective": "all_reduce", "ranks": 4}
+    rows = example_rows(4)
+    harness.write_json(str(tmp_path / "r.json"), meta, rows)
+    harness.write_csv(str(tmp_path / "r.csv"), rows)
+    assert json.loads((tmp_path / "r.json").read_text()) == {"meta": meta, "rows": rows}
+    with open(tmp_path / "r.csv") as source:
+        read = list(csv.DictReader(source))
+    assert list(read[0]) == SCHEMA_ROW and [r["impl"] for r in read] == [r["impl"] for r in rows]
+    assert [float(r["time_us"]) for r in read] == [r["time_us"] for r in rows]
+
+
+def test_table_rows_show_ratio_and_missing_peers():
+    impls = [harness.Impl("ringcc:mpi", None), harness.Impl("mpi", None),
+             harness.Impl("gloo", None)]
+    ours, theirs = example_rows(2)[0], dict(example_rows(2)[0], impl="mpi", time_us=21.0)
+    line = harness.format_row({"ringcc:mpi": ours, "mpi": theirs, "gloo": None}, impls)
+    assert line.split() == ["1024", "256", "float32", "sum", "-1", "11.02", "0.10", "0.15", "0",
+                            "21.00", f"{21 / 11.024:.2f}", "0", "n/a"]
+    assert "0 OK" in harness.summary(example_rows(2), impls)
+
+
+def test_plot_draws_one_line_per_implementation_and_rank_count(tmp_path):
+    for ranks in (2, 4):
+        harness.write_json(str(tmp_path / f"{ranks}.json"),
+                           {"collective": "all_reduce", "ranks": ranks, "host": "h"},
+                           example_rows(ranks))
+    paths = [str(tmp_path / "2.json"), str(tmp_path / "4.json")]
+    lines = plot.series(plot.load_rows(paths)[0])
+    assert list(lines) == [("ringcc:mpi", "2 ranks"), ("mpi", "2 ranks"),
+                           ("ringcc:mpi", "4 ranks"), ("mpi", "4 ranks")]
+    assert plot.size_label(8) == "8" and plot.size_label(64 << 20) == "64M"
+    plot.main([*paths, "-o", str(tmp_path / "p.png")])
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+# ---- real runs ----------------------------------------------------------------------------
+
+def test_all_reduce_under_mpiexec_beside_the_peers(tmp_path):
+    result = mpiexec(2, "-m", "benchmarks.all_reduce", "-b", "8", "-e", "4K", "-f", "8",
+                     "-n", "2", "-w", "1", "--transport", "mpi", "--compare", "mpi,gloo",
+                     "--json", str(tmp_path / "r.json"), "--csv", str(tmp_path / "r.csv"),
+                     timeout=120)
+    results = json.loads((tmp_path / "r.json").read_text())
+    impls = ["ringcc:mpi", "mpi"] + (["gloo"] if torch_here() else [])
+    assert SCHEMA_META <= set(results["meta"]) and results["meta"]["impls"] == impls
+    rows = results["rows"]
+    assert [(r["impl"], r["bytes"]) for r in rows] == \
+        [(impl, size) for size in (8, 64, 512, 4096) for impl in impls]
+    for row in rows:
+        assert list(row) == SCHEMA_ROW and row["wrong"] == 0 and row["time_us"] > 0
+        assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"])  # 2(n-1)/n = 1 at n = 2
+    assert "# Out of bounds values : 0 OK" in result.stdout
+    assert "# Avg bus bandwidth" in result.stdout and "ratio: peer time" in result.stdout
+    with open(tmp_path / "r.csv") as source:
+        assert len(list(csv.DictReader(source))) == len(rows)
+
+
+def test_every_collective_dtype_and_op_checks_out_on_three_ranks(tmp_path):
+    """Every implementation agrees with the references, on an odd rank count, a root that is
+    not 0, sizes that are not whole blocks, every dtype and every op."""
+    script = tmp_path / "all.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        from benchmarks.all_gather import ALL_GATHER
+        from benchmarks.all_reduce import ALL_REDUCE
+        from benchmarks.broadcast import BROADCAST
+        from benchmarks.harness import main
+        from benchmarks.reduce_scatter import REDUCE_SCATTER
+        from benchmarks.scatter import SCATTER
+
+        status = 0
+        for collective in (ALL_REDUCE, ALL_GATHER, BROADCAST, SCATTER, REDUCE_SCATTER):
+            status |= main(collective, ["-b", "16", "-e", "1K", "-f", "64", "-n", "1",
+                                        "-w", "0", "-d", "all", "-o", "all", "-r", "1",
+                                        "--transport", "mpi", "--compare", "mpi,gloo",
+                                        "--json", rf"{tmp_path}/" + collective.name + ".json"])
+        sys.exit(status)
+    """))
+    mpiexec(3, str(script), timeout=240)
+    for collective in COLLECTIVES:
+        rows = json.loads((tmp_path / f"{collective.name}.json").read_text())["rows"]
+        assert rows and all(row["wrong"] == 0 for row in rows)
+        assert {row["dtype"] for row in rows} == set(harness.DTYPES)
+        impls = {row["impl"] for row in rows}
+        assert impls == {"ringcc:mpi", "mpi"} | ({"gloo"} if torch_here() else set())
+        if collective.reduces:
+            assert {row["op"] for row in rows} == set(collectives.OPS)
+
+
+def test_a_broken_collective_is_caught(tmp_path):
+    script = tmp_path / "broken.py"
+    script.write_text(textwrap.dedent("""
+        import dataclasses, sys
+        from mpi4py import MPI
+        from benchmarks.all_reduce import ALL_REDUCE
+        from benchmarks.harness import main
+
+        def run(comm, send, recv, op, root):
+            ALL_REDUCE.run(comm, send, recv, op, root)
+            if MPI.COMM_WORLD.rank == 1:
+                recv[5] += 1  # one wrong element on one rank, whoever made the call
+        sys.exit(main(dataclasses.replace(ALL_REDUCE, run=run), sys.argv[1:]))
+    """))
+    result = mpiexec(2, str(script), "-b", "64", "-e", "1K", "-f", "4", "-n", "1", "-w", "0",
+                     "--transport", "mpi", "--compare", "mpi", "--json",
+                     str(tmp_path / "r.json"), check=False, timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    rows = json.loads((tmp_path / "r.json").read_text())["rows"]
+    assert [row["wrong"] for row in rows] == [1] * 6
+    assert "FAILED" in result.stdout
+
+
+def test_a_missing_transport_is_named():
+    result = mpiexec(1, "-m", "benchmarks.all_reduce", "--transport", "mpi,nosuch",
+                     check=False, timeout=60)
+    assert result.returncode == 2
+    assert "cannot open the 'nosuch' transport" in result.stderr
