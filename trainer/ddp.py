@@ -18,6 +18,14 @@ the same step and the models never drift apart.
 When `loss.backward()` returns, `.grad` of every parameter is the average over ranks. A
 parameter that gets no gradient stalls its bucket; the next forward reports it, as PyTorch's
 "Expected to have finished reduction in the prior iteration" does.
+
+Averaging weighs every rank alike. When the shards differ in size, scale each rank's loss
+so the average is the global batch's mean: sum over the rank's samples * size / global batch
+(what `python -m trainer` does).
+
+Overlap pays where the communication thread finds a free core. Where every rank already
+keeps a core busy (2 ranks on 2 cores), the thread competes with backward for it, and
+`overlap=False` can be as fast or faster: the benchmark shows which.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy
 
@@ -61,7 +69,8 @@ def make_buckets(named_params: list[tuple[str, Tensor]], bucket_bytes: int) -> l
     group: list[tuple[str, Tensor]] = []
     nbytes = 0
     for name, param in reversed(named_params):
-        if group and (nbytes + param.data.nbytes > bucket_bytes or param.dtype != group[0][1].dtype):
+        full = nbytes + param.data.nbytes > bucket_bytes
+        if group and (full or param.dtype != group[0][1].dtype):
             buckets.append(_bucket(group))
             group, nbytes = [], 0
         group.append((name, param))
@@ -89,22 +98,24 @@ class DistributedDataParallel(Module):
         self.comm = comm
         self.overlap = overlap
         self.comm_seconds = 0.0  # time spent inside all-reduce calls, on whichever thread
-        self._buckets = make_buckets(list(module.named_parameters()), int(bucket_mb * 2**20))
+        # The buckets, in the order they are all-reduced (last parameters first).
+        self.buckets = make_buckets(list(module.named_parameters()), int(bucket_mb * 2**20))
         self._sync = True
         self._next = 0  # the next bucket to all-reduce: buckets go in order on every rank
         self._thread: threading.Thread | None = None
         if comm.size == 1:  # nothing to average: the wrapper stays out of the way
             return
-        if self._buckets and self._buckets[0].params[0].xp is not numpy \
+        if self.buckets and self.buckets[0].params[0].xp is not numpy \
                 and comm.transport != "cuda_ipc":
-            for bucket in self._buckets:  # stage device gradients through host memory
+            for bucket in self.buckets:  # stage device gradients through host memory
                 bucket.host = numpy.empty(bucket.flat.shape, bucket.flat.dtype)
         self._broadcast_parameters()
-        for bucket in self._buckets:
+        for bucket in self.buckets:
             for param in bucket.params:
                 param.register_hook(self._grad_ready)
-        self._where = {id(p): b for b in self._buckets for p in b.params}
-        if overlap:
+        self._where = {id(p): (b, offset) for b in self.buckets
+                       for p, offset in zip(b.params, b.offsets)}
+        if overlap and self.buckets:
             self._todo: queue.SimpleQueue[Bucket | None] = queue.SimpleQueue()
             self._done: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
             self._thread = threading.Thread(target=self._communicate, daemon=True,
@@ -112,7 +123,7 @@ class DistributedDataParallel(Module):
             self._thread.start()
 
     def forward(self, x: Tensor) -> Tensor:
-        stalled = [name for b in self._buckets if b.ready for name in b.names]
+        stalled = [name for b in self.buckets if b.ready for name in b.names]
         if stalled:
             raise RuntimeError("the previous backward did not finish averaging gradients: "
                                "every parameter must get a gradient in every backward "
@@ -147,36 +158,38 @@ class DistributedDataParallel(Module):
         """Hook: `param`'s gradient is complete. Start every bucket that is now full."""
         if not self._sync:
             return
-        bucket = self._where[id(param)]
-        offset = bucket.offsets[bucket.params.index(param)]
+        bucket, offset = self._where[id(param)]
         bucket.flat[offset: offset + param.data.size] = param.grad.reshape(-1)
         bucket.ready += 1
-        while self._next < len(self._buckets) and \
-                self._buckets[self._next].ready == len(self._buckets[self._next].params):
+        while self._next < len(self.buckets) and \
+                self.buckets[self._next].ready == len(self.buckets[self._next].params):
             if self.overlap:
-                self._todo.put(self._buckets[self._next])
+                self._todo.put(self.buckets[self._next])
             self._next += 1
-        if self._next == len(self._buckets):
+        if self._next == len(self.buckets):
             self._finish()
 
     def _finish(self) -> None:
         """Every bucket is launched: wait for them, then hand out the averaged gradients."""
+        self._next = 0
+        for bucket in self.buckets:
+            bucket.ready = 0
         if self.overlap:
-            errors = [self._done.get() for _ in self._buckets]
+            errors = [self._done.get() for _ in self.buckets]
             first = next((e for e in errors if e is not None), None)
             if first is not None:
                 raise first
         else:
-            for bucket in self._buckets:
+            for bucket in self.buckets:
                 self._all_reduce(bucket)
-        for bucket in self._buckets:
+        for bucket in self.buckets:
             for param, view in bucket.views():
                 param.grad = view
-            bucket.ready = 0
-        self._next = 0
 
     def _communicate(self) -> None:
         """The communication thread: all-reduce buckets in the order they come."""
+        if self.buckets[0].params[0].xp is not numpy:
+            self.buckets[0].flat.device.use()  # CUDA's current device is per thread
         while (bucket := self._todo.get()) is not None:
             try:
                 self._all_reduce(bucket)
@@ -186,24 +199,24 @@ class DistributedDataParallel(Module):
 
     def _all_reduce(self, bucket: Bucket) -> None:
         start = time.perf_counter()
-        if bucket.host is None:
-            self.comm.all_reduce(bucket.flat, bucket.flat, op="avg")
-        else:
-            bucket.flat.get(out=bucket.host)
-            self.comm.all_reduce(bucket.host, bucket.host, op="avg")
-            bucket.flat.set(bucket.host)
+        self._on_transport(bucket, lambda buf: self.comm.all_reduce(buf, buf, op="avg"))
         self.comm_seconds += time.perf_counter() - start
 
     def _broadcast_parameters(self) -> None:
         """Give every rank rank 0's parameters, one broadcast per bucket."""
-        for bucket in self._buckets:
+        for bucket in self.buckets:
             for param, view in bucket.views():
                 view[...] = param.data
-            if bucket.host is None:
-                self.comm.broadcast(bucket.flat, root=0)
-            else:
-                bucket.flat.get(out=bucket.host)
-                self.comm.broadcast(bucket.host, root=0)
-                bucket.flat.set(bucket.host)
+            self._on_transport(bucket, lambda buf: self.comm.broadcast(buf, root=0))
             for param, view in bucket.views():
                 param.data[...] = view
+
+    @staticmethod
+    def _on_transport(bucket: Bucket, collective: Callable[[Any], Any]) -> None:
+        """Run `collective` on the bucket's buffer, through host memory if it must."""
+        if bucket.host is None:
+            collective(bucket.flat)
+        else:
+            bucket.flat.get(out=bucket.host)
+            collective(bucket.host)
+            bucket.flat.set(bucket.host)

@@ -163,8 +163,9 @@ class Tensor:
 
     # ---- matrix product, reductions, shapes ------------------------------------------------
 
-    def __matmul__(self, other: Tensor) -> Tensor:
+    def __matmul__(self, other: Any) -> Tensor:
         """Matrix product of operands with at least two axes; leading axes broadcast."""
+        other = self._lift(other)
         if self.data.ndim < 2 or other.data.ndim < 2:
             raise ValueError(f"matmul needs operands of 2 or more axes, got shapes "
                              f"{self.shape} and {other.shape}")

@@ -1,0 +1,259 @@
+"""Training throughput: this trainer's data-parallel SGD, and PyTorch DDP on Gloo beside it.
+
+    OPENBLAS_NUM_THREADS=1 mpiexec -n 2 python -m benchmarks.trainer --compare torch
+
+Both train the same MLP (784-1024-1024-10, float32, the same initial weights) with SGD and
+momentum on synthetic MNIST-shaped batches of `--batch` samples per rank, in the same job, in
+alternating rounds so that both see the same machine. Per trainer it prints:
+
+samples/s   samples trained per second by all ranks together
+step        time per step (forward, backward with gradient averaging, optimizer step),
+            the slowest rank's, the median over rounds
+compute     the same steps with gradient averaging switched off (`no_sync`): the work
+            that communication adds to
+comm share  (step - compute) / step: the part of a step that communication costs, whatever
+            overlap hides
+
+For this trainer it also prints `in all-reduce`, the time per step spent inside all-reduce
+calls; with overlap that runs on the communication thread, beside backward. On more than one
+rank, a last row times this trainer on rank 0 alone (a one-rank communicator) while the
+other ranks wait: the one-rank baseline, measured in the same job as the N-rank numbers, so
+the scaling ratio is not at the mercy of whatever else the machine ran in between.
+`--profile` prints where rank 0's main thread spent the timed steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import numpy
+from mpi4py import MPI
+
+import collectives
+from trainer.data import synthetic
+from trainer.ddp import DistributedDataParallel
+from trainer.nn import MLP
+from trainer.optim import SGD
+from trainer.tensor import Tensor, cross_entropy
+
+SIZES = [784, 1024, 1024, 10]
+ALONE = "ringcc, rank 0 alone"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.trainer", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--compare", choices=("torch",), action="append", default=[],
+                        help="also measure PyTorch DDP on the Gloo backend")
+    parser.add_argument("--batch", type=int, default=64, help="samples per rank per step")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per round")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds (the median is shown)")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed steps first")
+    parser.add_argument("--transport", choices=collectives.TRANSPORTS, default="auto")
+    parser.add_argument("--bucket-mb", type=float, default=25.0, help="for both trainers")
+    parser.add_argument("--no-overlap", action="store_true", help="this trainer's overlap off")
+    parser.add_argument("--profile", action="store_true",
+                        help="profile rank 0's main thread during this trainer's steps")
+    return parser.parse_args(argv)
+
+
+class Ours:
+    """This trainer: MLP + DistributedDataParallel + SGD."""
+
+    def __init__(self, comm: collectives.Communicator, args: argparse.Namespace) -> None:
+        self.model = MLP(SIZES, seed=0)
+        self.ddp = DistributedDataParallel(self.model, comm, args.bucket_mb,
+                                           overlap=not args.no_overlap)
+        self.optimizer = SGD(self.model.parameters(), lr=0.01, momentum=0.9)
+        self.name = f"ringcc:{comm.transport}" + (" (no overlap)" if args.no_overlap else "")
+
+    def step(self, x: numpy.ndarray, y: numpy.ndarray) -> None:
+        self.optimizer.zero_grad()
+        cross_entropy(self.ddp(Tensor(x)), y).backward()
+        self.optimizer.step()
+
+    def no_sync(self) -> Any:
+        return self.ddp.no_sync()
+
+    def comm_seconds(self) -> float:
+        return self.ddp.comm_seconds
+
+    def parameters(self) -> list[numpy.ndarray]:
+        return [p.data for p in self.model.parameters()]
+
+    def close(self) -> None:
+        self.ddp.close()
+
+
+class Torch:
+    """PyTorch: nn.Sequential + DistributedDataParallel on Gloo + optim.SGD, one thread a rank."""
+
+    name = "torch DDP (gloo)"
+
+    def __init__(self, initial: dict[str, numpy.ndarray], args: argparse.Namespace) -> None:
+        import torch
+        from torch.nn.parallel import DistributedDataParallel as TorchDDP
+
+        from .harness import GlooPeer
+
+        self.peer = GlooPeer(MPI.COMM_WORLD)  # one thread per rank, process group over Gloo
+        self.torch = torch
+        layers: list[Any] = []
+        for i, (n_in, n_out) in enumerate(zip(SIZES, SIZES[1:])):
+            linear = torch.nn.Linear(n_in, n_out)
+            with torch.no_grad():  # the same start as ours (ours stores weights transposed)
+                linear.weight.copy_(torch.from_numpy(initial[f"layers.{2 * i}.weight"].T))
+                linear.bias.copy_(torch.from_numpy(initial[f"layers.{2 * i}.bias"]))
+            layers += [linear, torch.nn.ReLU()]
+        self.model = TorchDDP(torch.nn.Sequential(*layers[:-1]), bucket_cap_mb=args.bucket_mb)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
+
+    def step(self, x: numpy.ndarray, y: numpy.ndarray) -> None:
+        self.optimizer.zero_grad()
+        loss = self.torch.nn.functional.cross_entropy(self.model(self.torch.from_numpy(x)),
+                                                      self.torch.from_numpy(y))
+        loss.backward()
+        self.optimizer.step()
+
+    def no_sync(self) -> Any:
+        return self.model.no_sync()
+
+    def comm_seconds(self) -> float | None:
+        return None
+
+    def parameters(self) -> list[numpy.ndarray]:
+        return [p.detach().numpy() for p in self.model.parameters()]
+
+    def close(self) -> None:
+        self.peer.close()
+
+
+def slowest(comm: collectives.Communicator, seconds: float) -> float:
+    """The largest of every rank's `seconds` (also lines the ranks up for the next timing)."""
+    return float(comm.all_reduce(numpy.array([seconds]), op="max")[0])
+
+
+def timed(comm: collectives.Communicator, steps: int, step: Callable[[int], None] | None,
+          profile: cProfile.Profile | None = None) -> float:
+    """Seconds per step of `steps` calls of `step`, the slowest rank's. A rank whose `step`
+    is None sits the round out, waiting (mostly asleep) for the others."""
+    comm.barrier()
+    if step is None:
+        return slowest(comm, 0.0) / steps
+    if profile is not None:
+        profile.enable()
+    start = time.perf_counter()
+    for i in range(steps):
+        step(i)
+    elapsed = time.perf_counter() - start
+    if profile is not None:
+        profile.disable()
+    return slowest(comm, elapsed) / steps
+
+
+def in_sync(comm: collectives.Communicator, params: list[numpy.ndarray]) -> bool:
+    """Whether every rank holds bitwise the same parameters (the check before the numbers)."""
+    mine = numpy.concatenate([p.reshape(-1) for p in params]).view(numpy.uint32)
+    digest = numpy.array([mine.sum(dtype=numpy.uint64), (mine * numpy.uint32(2654435761))
+                          .sum(dtype=numpy.uint64)])
+    everyone = comm.all_gather(digest)
+    return bool((everyone == everyone[0]).all())
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    with collectives.init(transport=args.transport) as comm:
+        say = print if comm.rank == 0 else (lambda *_, **__: None)
+        data = synthetic(train=8 * args.batch, test=0, seed=comm.rank)
+        batches = [(data.x_train[i * args.batch:(i + 1) * args.batch],
+                    data.y_train[i * args.batch:(i + 1) * args.batch]) for i in range(8)]
+        ours = Ours(comm, args)
+        trainers: list[Any] = [ours]
+        notes = []
+        if "torch" in args.compare:
+            try:
+                import torch.distributed  # noqa: F401 - only to know whether it is there
+            except ImportError:
+                notes.append("torch is not installed (pip install torch): comparison skipped")
+            else:
+                trainers.append(Torch(ours.model.state_dict(), args))
+        # The one-rank baseline, in the same job: rank 0 trains alone while the others wait.
+        self_comm = collectives.init(transport=args.transport, comm=MPI.COMM_SELF) \
+            if comm.size > 1 and comm.rank == 0 else None
+        alone = None if self_comm is None else Ours(self_comm, args)
+        say(f"# trainer benchmark: MLP {'-'.join(map(str, SIZES))} float32, SGD momentum, "
+            f"{args.batch} samples per rank per step, {comm.size} rank(s), "
+            f"bucket {args.bucket_mb:g} MB")
+        say(f"# {args.rounds} rounds of {args.steps} steps after {args.warmup} warm-up steps, "
+            f"trainers taking turns; median over rounds; OPENBLAS_NUM_THREADS="
+            f"{os.environ.get('OPENBLAS_NUM_THREADS', '(unset)')}")
+        for note in notes:
+            say(f"# {note}")
+
+        def run(trainer: Any) -> Callable[[int], None] | None:
+            return None if trainer is None else lambda i: trainer.step(*batches[i % len(batches)])
+
+        for trainer in [*trainers, alone]:
+            for i in range(args.warmup if trainer is not None else 0):
+                run(trainer)(i)
+        # Checked before the timed rounds: their compute-only steps let the ranks drift apart.
+        synced = {t.name: in_sync(comm, t.parameters()) for t in trainers}
+        profile = cProfile.Profile() if args.profile and comm.rank == 0 else None
+        results: dict[str, dict[str, list[float]]] = {
+            t.name: {"step": [], "compute": [], "allreduce": []} for t in trainers}
+        solo: list[float] = []
+        for _ in range(args.rounds):
+            for trainer in trainers:
+                row = results[trainer.name]
+                before = trainer.comm_seconds()
+                row["step"].append(timed(comm, args.steps, run(trainer),
+                                         profile if trainer is ours else None))
+                if before is not None:
+                    row["allreduce"].append((trainer.comm_seconds() - before) / args.steps)
+                with trainer.no_sync():
+                    row["compute"].append(timed(comm, args.steps, run(trainer)))
+            if comm.size > 1:
+                solo.append(timed(comm, args.steps, run(alone)))
+        for trainer in [*trainers, alone]:
+            if trainer is not None:
+                trainer.close()
+        if self_comm is not None:
+            self_comm.close()
+
+        say("# check: parameters bitwise identical on every rank after the warm-up: " + ", ".join(
+            f"{name} {'yes' if ok else 'NO'}" for name, ok in synced.items()))
+        say(f"# {'trainer':<28} {'samples/s':>10} {'step ms':>9} {'compute ms':>11} "
+            f"{'comm share':>11} {'in all-reduce ms':>17}")
+        speed = {}
+        for name, row in results.items():
+            step, compute = statistics.median(row["step"]), statistics.median(row["compute"])
+            speed[name] = comm.size * args.batch / step
+            allreduce = f"{statistics.median(row['allreduce']) * 1e3:.2f}" \
+                if row["allreduce"] else "-"
+            say(f"  {name:<28} {speed[name]:>10,.0f} {step * 1e3:>9.2f} {compute * 1e3:>11.2f} "
+                f"{max(0.0, 1 - compute / step):>11.1%} {allreduce:>17}")
+        if solo:
+            step = statistics.median(solo)
+            speed[ALONE] = args.batch / step
+            say(f"  {ALONE:<28} {speed[ALONE]:>10,.0f} {step * 1e3:>9.2f} "
+                f"{step * 1e3:>11.2f} {0.0:>11.1%} {'-':>17}")
+            say(f"# {ours.name} on {comm.size} ranks / rank 0 alone: "
+                f"{speed[ours.name] / speed[ALONE]:.2f}x samples/s")
+        if len(trainers) > 1:
+            say(f"# {ours.name} / {trainers[1].name}: "
+                f"{speed[ours.name] / speed[trainers[1].name]:.2f}x samples/s")
+        if profile is not None:
+            say(f"# profile of rank 0's main thread during {ours.name}'s timed steps")
+            pstats.Stats(profile, stream=sys.stdout).sort_stats("tottime").print_stats(15)
+    return 0 if all(synced.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,205 @@
+"""Data parallelism on thread ranks (`collectives.spawn`): the averaged gradients against a
+single-process reference, buckets, overlap, no_sync, and the errors.
+
+Each rank trains on rank-dependent data; the reference computes the same gradients in one
+process and averages them with NumPy.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy
+import pytest
+
+import collectives
+from trainer.ddp import DistributedDataParallel, make_buckets
+from trainer.nn import MLP, Linear, Module
+from trainer.optim import SGD
+from trainer.tensor import Tensor, cross_entropy
+
+SIZES = [6, 5, 4, 3]
+
+
+def rank_batch(rank: int, n: int = 4) -> tuple[numpy.ndarray, numpy.ndarray]:
+    rng = numpy.random.default_rng(100 + rank)
+    return rng.standard_normal((n, SIZES[0])), rng.integers(0, SIZES[-1], n)
+
+
+def local_gradients(model: Module, rank: int) -> dict[str, numpy.ndarray]:
+    x, y = rank_batch(rank)
+    model.zero_grad()
+    cross_entropy(model(Tensor(x)), y).backward()
+    return {name: p.grad.copy() for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("bucket_mb", [25.0, 1e-4])
+def test_gradients_are_averaged_and_parameters_broadcast(size, overlap, bucket_mb):
+    reference = MLP(SIZES, seed=0, dtype=numpy.float64)  # rank 0's seed
+    expected = [local_gradients(reference, r) for r in range(size)]
+    average = {k: numpy.mean([g[k] for g in expected], axis=0) for k in expected[0]}
+
+    def body(comm):
+        model = MLP(SIZES, seed=comm.rank, dtype=numpy.float64)  # ranks start different
+        with DistributedDataParallel(model, comm, bucket_mb=bucket_mb, overlap=overlap) as ddp:
+            start = model.state_dict()
+            x, y = rank_batch(comm.rank)
+            cross_entropy(ddp(Tensor(x)), y).backward()
+            return start, {name: p.grad.copy() for name, p in model.named_parameters()}
+
+    for start, grads in collectives.spawn(body, size):
+        for name, value in reference.state_dict().items():
+            numpy.testing.assert_array_equal(start[name], value)
+        for name, value in average.items():
+            numpy.testing.assert_allclose(grads[name], value, rtol=1e-12, atol=1e-15)
+
+
+def test_buckets_fill_last_parameters_first_up_to_the_cap():
+    model = MLP([10, 20, 30, 4], seed=0)  # float32: weights of 800, 2400 and 480 bytes
+    names = [n for n, _ in model.named_parameters()]
+    assert names == ["layers.0.weight", "layers.0.bias", "layers.2.weight", "layers.2.bias",
+                     "layers.4.weight", "layers.4.bias"]
+    buckets = make_buckets(list(model.named_parameters()), bucket_bytes=1000)
+    assert [b.names for b in buckets] == [
+        ["layers.4.bias", "layers.4.weight", "layers.2.bias"],  # 616 bytes, + 2400 is too many
+        ["layers.2.weight"],  # alone above the cap
+        ["layers.0.bias", "layers.0.weight"]]
+    assert [b.names for b in make_buckets(list(model.named_parameters()), 1)] == \
+        [[n] for n in reversed(names)]  # never an empty bucket, even below one parameter
+    (whole,) = make_buckets(list(model.named_parameters()), 1 << 20)
+    assert whole.flat.size == sum(p.data.size for p in model.parameters())
+    assert whole.offsets == numpy.cumsum([0] + [p.data.size for p in
+                                                reversed(model.parameters())][:-1]).tolist()
+    mixed = [("a", Tensor(numpy.ones(2, numpy.float32), requires_grad=True)),
+             ("b", Tensor(numpy.ones(2, numpy.float64), requires_grad=True))]
+    assert [b.names for b in make_buckets(mixed, 1 << 20)] == [["b"], ["a"]]
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_one_all_reduce_per_bucket_in_bucket_order_on_the_right_thread(overlap):
+    def body(comm):
+        model = MLP(SIZES, seed=0, dtype=numpy.float64)
+        calls = []
+        all_reduce = comm.all_reduce
+
+        def recording(buf, *args, **kwargs):
+            calls.append((buf.size, threading.current_thread().name.startswith("ddp-comm")))
+            return all_reduce(buf, *args, **kwargs)
+
+        comm.all_reduce = recording
+        with DistributedDataParallel(model, comm, bucket_mb=1e-4, overlap=overlap) as ddp:
+            x, y = rank_batch(comm.rank)
+            cross_entropy(ddp(Tensor(x)), y).backward()
+            return calls, [b.flat.size for b in ddp.buckets]
+
+    for calls, bucket_sizes in collectives.spawn(body, 2):
+        assert [size for size, _ in calls] == bucket_sizes
+        assert all(on_comm_thread is overlap for _, on_comm_thread in calls)
+
+
+def test_no_sync_accumulates_locally_then_averages_everything():
+    size, micro = 3, 2
+    reference = MLP(SIZES, seed=0, dtype=numpy.float64)
+    total = {k: 0.0 for k, _ in reference.named_parameters()}
+    for r in range(size):
+        for m in range(micro):
+            x, y = rank_batch(10 * r + m)
+            reference.zero_grad()
+            cross_entropy(reference(Tensor(x)), y).backward()
+            for k, p in reference.named_parameters():
+                total[k] = total[k] + p.grad / size
+
+    def body(comm):
+        model = MLP(SIZES, seed=0, dtype=numpy.float64)
+        with DistributedDataParallel(model, comm, bucket_mb=1e-4) as ddp:
+            with comm.trace() as records:
+                with ddp.no_sync():
+                    x, y = rank_batch(10 * comm.rank)
+                    cross_entropy(ddp(Tensor(x)), y).backward()
+                quiet = len(records)
+                x, y = rank_batch(10 * comm.rank + 1)
+                cross_entropy(ddp(Tensor(x)), y).backward()
+            return quiet, {k: p.grad.copy() for k, p in model.named_parameters()}
+
+    for quiet, grads in collectives.spawn(body, size):
+        assert quiet == 0
+        for k, value in total.items():
+            numpy.testing.assert_allclose(grads[k], value, rtol=1e-12, atol=1e-15)
+
+
+def test_uneven_shards_match_one_process_when_loss_is_scaled_by_the_global_batch():
+    """The trainer's rule: loss_r = sum over rank r's samples * size / global batch."""
+    batch, steps = 13, 6
+    rng = numpy.random.default_rng(1)
+    xs, ys = rng.standard_normal((steps, batch, SIZES[0])), rng.integers(0, 3, (steps, batch))
+
+    def train(comm):
+        model = MLP(SIZES, seed=0, dtype=numpy.float64)
+        optimizer = SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+        lo, hi = collectives.chunk_bounds(batch, comm.size)[comm.rank]
+        with DistributedDataParallel(model, comm) as ddp:
+            for x, y in zip(xs, ys):
+                optimizer.zero_grad()
+                loss = cross_entropy(ddp(Tensor(x[lo:hi])), y[lo:hi], "sum") * (comm.size / batch)
+                loss.backward()
+                optimizer.step()
+        return model.state_dict()
+
+    (one,) = collectives.spawn(train, 1)
+    for params in collectives.spawn(train, 3):  # shards of 5, 4 and 4 samples
+        for k in one:
+            numpy.testing.assert_allclose(params[k], one[k], rtol=1e-12, atol=1e-14)
+
+
+def test_a_parameter_without_gradient_is_reported_at_the_next_forward():
+    class TwoHeads(Module):
+        def __init__(self):
+            rng = numpy.random.default_rng(0)
+            self.used, self.unused = Linear(3, 2, rng), Linear(3, 2, rng)
+
+        def forward(self, x):
+            return self.used(x)
+
+    def body(comm):
+        with DistributedDataParallel(TwoHeads(), comm) as ddp:
+            ddp(Tensor(numpy.ones((2, 3), numpy.float32))).sum().backward()
+            with pytest.raises(RuntimeError, match="unused.weight"):
+                ddp(Tensor(numpy.ones((2, 3), numpy.float32)))
+        return True
+
+    assert collectives.spawn(body, 2) == [True, True]
+
+
+def test_one_rank_is_left_alone_and_bad_bucket_sizes_are_refused():
+    def body(comm):
+        model = MLP(SIZES, seed=0, dtype=numpy.float64)
+        with pytest.raises(ValueError, match="bucket_mb"):
+            DistributedDataParallel(model, comm, bucket_mb=0)
+        with DistributedDataParallel(model, comm) as ddp, comm.trace() as records:
+            x, y = rank_batch(0)
+            cross_entropy(ddp(Tensor(x)), y).backward()
+        return records, ddp.comm_seconds
+
+    assert collectives.spawn(body, 1) == [([], 0.0)]
+
+
+def test_cupy_parameters_travel_through_host_memory():
+    cupy = pytest.importorskip("cupy", reason="CuPy is not installed")
+    try:
+        cupy.cuda.runtime.getDeviceCount()
+    except cupy.cuda.runtime.CUDARuntimeError:
+        pytest.skip("no CUDA device")
+
+    def body(comm, xp):
+        model = MLP(SIZES, seed=comm.rank, xp=xp, dtype=numpy.float64)
+        with DistributedDataParallel(model, comm, bucket_mb=1e-4) as ddp:
+            x, y = rank_batch(comm.rank)
+            cross_entropy(ddp(Tensor(xp.asarray(x))), xp.asarray(y)).backward()
+            return {k: cupy.asnumpy(p.grad) for k, p in model.named_parameters()}
+
+    on_gpu, on_cpu = collectives.spawn(body, 2, cupy), collectives.spawn(body, 2, numpy)
+    for mine, theirs in zip(on_gpu, on_cpu):
+        for k in theirs:
+            numpy.testing.assert_allclose(mine[k], theirs[k], rtol=1e-10)
