@@ -10,7 +10,7 @@ import pytest
 import cases
 import collectives
 from launch import mpich_segments, remove_orphaned_mpich_segments
-from pool import RankPool
+from pool import VARIANTS, RankPool
 
 POOL_TRANSPORTS = [name for name in ("mpi", "shm") if name in collectives.TRANSPORTS]
 
@@ -32,19 +32,19 @@ def rank_pool() -> RankPool:
 
 @pytest.fixture(params=["threads", *POOL_TRANSPORTS])
 def run(request: pytest.FixtureRequest) -> Callable[..., list[dict]]:
-    """`run(case, size, segment, **example)`: the body from cases.py on `size` ranks.
+    """`run(case, size, variant, **example)`: the body from cases.py on `size` ranks.
 
     Parametrised: each test using it runs on thread ranks and on every MPI transport.
     """
     if request.param == "threads":
-        def on_threads(case: str, size: int, segment: int | None = None,
+        def on_threads(case: str, size: int, variant: str = "auto",
                        **example: Any) -> list[dict]:
             body = functools.partial(getattr(cases, case), **example)
-            return collectives.spawn(body, size, segment_bytes=segment)
+            return collectives.spawn(body, size, **VARIANTS[variant])
         return on_threads
     pool = request.getfixturevalue("rank_pool")
     transport = request.param
 
-    def on_pool(case: str, size: int, segment: int | None = None, **example: Any) -> list[dict]:
-        return pool.run(case, size, transport, segment, **example)
+    def on_pool(case: str, size: int, variant: str = "auto", **example: Any) -> list[dict]:
+        return pool.run(case, size, transport, variant, **example)
     return on_pool

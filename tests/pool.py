@@ -2,7 +2,7 @@
 
 Starting an MPI job costs a second or so; a property test runs hundreds of examples. So the
 test process starts one job of `MAX_RANKS` ranks (`pool_worker.py`) and keeps it: each rank
-builds, once, a communicator for every sub-size 1..MAX_RANKS, transport and segment size, then
+builds, once, a communicator for every sub-size 1..MAX_RANKS, transport and variant, then
 waits for work in a socket read (MPICH busy-polls inside a blocking MPI call, which would steal
 the cores the working ranks need). An example is sent to ranks 0..k-1 of the pool; each runs
 the named body from `cases.py` on its size-k communicator and sends back what it ended with.
@@ -28,7 +28,11 @@ from typing import Any
 from launch import ROOT, mpiexec_path, rank_env
 
 MAX_RANKS = 6
-SMALL_SEGMENT = 4096  # forces many segments per chunk on test-sized buffers (Gloo's knob)
+# Communicator options the tests choose between: the transport's defaults; the ring always,
+# with many segments per chunk on test-sized buffers (Gloo's maxSegmentSize knob); and the
+# one-shot all-reduce for every buffer a test sends.
+VARIANTS = {"auto": {}, "ring": {"segment_bytes": 4096, "one_shot_bytes": 0},
+            "one_shot": {"one_shot_bytes": 1 << 20}}
 START_TIMEOUT = 120.0
 ANSWER_TIMEOUT = 40.0  # longer than a rank's own collective timeout, so that one speaks first
 RANK_TIMEOUT = 20.0
@@ -76,13 +80,13 @@ class RankPool:
         self.sockets: list[socket.socket] = []
         self.log = tempfile.TemporaryFile(mode="w+")
 
-    def run(self, case: str, size: int, transport: str, segment: int | None = None,
+    def run(self, case: str, size: int, transport: str, variant: str = "auto",
             **example: Any) -> list[dict]:
         """Run `cases.<case>(comm, **example)` on `size` ranks; their results in rank order."""
         if self.process is None:
             self._start()
         for rank in range(size):
-            send_message(self.sockets[rank], (case, (transport, segment, size), example))
+            send_message(self.sockets[rank], (case, (transport, variant, size), example))
         replies = [self._answer(rank, case) for rank in range(size)]
         for rank, reply in enumerate(replies):
             if reply[0] == "raised":
@@ -109,7 +113,7 @@ class RankPool:
         port = listener.getsockname()[1]
         command = [mpiexec_path(), "-n", str(MAX_RANKS), sys.executable,
                    str(Path(__file__).with_name("pool_worker.py")), str(port),
-                   ",".join(self.transports), str(SMALL_SEGMENT), str(RANK_TIMEOUT)]
+                   ",".join(self.transports), str(RANK_TIMEOUT)]
         self.log.seek(0)
         self.log.truncate()
         self.process = subprocess.Popen(command, cwd=ROOT, env=rank_env(), stdin=subprocess.DEVNULL,

@@ -1,6 +1,6 @@
 """One rank of the test pool (see pool.py). Started by the pool, never by hand:
 
-    mpiexec -n 6 python tests/pool_worker.py PORT TRANSPORTS SMALL_SEGMENT TIMEOUT
+    mpiexec -n 6 python tests/pool_worker.py PORT TRANSPORTS TIMEOUT
 """
 
 from __future__ import annotations
@@ -13,26 +13,26 @@ from mpi4py import MPI
 
 import cases
 import collectives
-from pool import recv_message, send_message
+from pool import VARIANTS, recv_message, send_message
 
 
 def main() -> None:
     port, transports = int(sys.argv[1]), sys.argv[2].split(",")
-    small_segment, timeout = int(sys.argv[3]), float(sys.argv[4])
+    timeout = float(sys.argv[3])
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
     sock = socket.create_connection(("127.0.0.1", port))
     send_message(sock, rank)
 
-    # One communicator per (transport, segment size, number of ranks), built once.
+    # One communicator per (transport, variant, number of ranks), built once.
     comms = {}
     for transport in transports:
-        for segment in (None, small_segment):
+        for variant, options in VARIANTS.items():
             for size in range(1, world.Get_size() + 1):
                 part = world.Split(0 if rank < size else MPI.UNDEFINED, rank)
                 if part != MPI.COMM_NULL:
-                    comms[(transport, segment, size)] = collectives.init(
-                        transport, comm=part, segment_bytes=segment, timeout=timeout)
+                    comms[(transport, variant, size)] = collectives.init(
+                        transport, comm=part, timeout=timeout, **options)
                     part.Free()
     send_message(sock, "ready")
 

@@ -53,7 +53,7 @@ def test_the_table_matches_what_the_code_runs():
 @pytest.mark.parametrize("size", [1, 2, 3, 5, 6])
 def test_all_reduce_moves_2_n_minus_1_over_n_of_the_message(run, size):
     count = 10_007  # a prime: chunks are uneven
-    results = run("all_reduce_case", size, None, count=count, dtype="float64", op="sum",
+    results = run("all_reduce_case", size, "ring", count=count, dtype="float64", op="sum",
                   layout="flat", in_place=False)
     message = count * 8
     bound = 2 * (size - 1) / size * message
@@ -69,7 +69,7 @@ def test_all_reduce_moves_2_n_minus_1_over_n_of_the_message(run, size):
 @pytest.mark.parametrize("size", [1, 2, 4, 6])
 def test_all_gather_moves_n_minus_1_over_n_of_the_output(run, size):
     count = 1009
-    results = run("all_gather_case", size, None, count=count, dtype="int32", layout="flat",
+    results = run("all_gather_case", size, "ring", count=count, dtype="int32", layout="flat",
                   given=False)
     for result in results:
         assert result["stats"]["bytes_sent"] == (size - 1) * count * 4
@@ -78,8 +78,8 @@ def test_all_gather_moves_n_minus_1_over_n_of_the_output(run, size):
 
 @pytest.mark.parametrize("size, root", [(1, 0), (2, 1), (5, 3), (6, 0)])
 def test_broadcast_reaches_each_rank_exactly_once(run, size, root):
-    count = 50_000  # many segments with the small segment size
-    results = run("broadcast_case", size, 4096, count=count, dtype="float32", layout="flat",
+    count = 50_000  # many segments
+    results = run("broadcast_case", size, "ring", count=count, dtype="float32", layout="flat",
                   root=root)
     last = (root - 1) % size
     for rank, result in enumerate(results):
