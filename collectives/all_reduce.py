@@ -78,10 +78,10 @@ def one_shot_all_reduce(transport: Transport, work: Any, op: ReduceOp,
     if size == 1 or work.size == 0:
         return
     transport.phase, transport.step = "one-shot", 0
-    with transport.all_inputs(work) as inputs:
-        op(inputs[0], inputs[1], out=work)
-        for later in inputs[2:]:
-            op(work, later, out=work)
+    inputs = transport.all_inputs(work)
+    op(inputs[0], inputs[1], out=work)
+    for later in inputs[2:]:
+        op(work, later, out=work)
     if average:
         transport.xp.true_divide(work, size, out=work)
 

@@ -92,7 +92,7 @@ def all_reduce(comm: Communicator, buf: Any, algorithm: str, op: str = "sum") ->
     ufunc = resolve_op(op, buf.dtype, xp)
     comm._check_writeable(buf, "buf")
     work, copied = _flat_work(buf, xp)
-    comm._begin(algorithm)
+    comm._begin(algorithm, buf.size, buf.dtype, op)
     ALGORITHMS[algorithm](comm._transport, work, ufunc, average=(op == "avg"))
     if copied:
         buf[...] = work.reshape(buf.shape)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
+from transports.errors import InvalidArgumentError, InvalidTypeError
+
 OPS = ("sum", "prod", "min", "max", "avg")
 _UFUNC = {"sum": "add", "prod": "multiply", "min": "minimum", "max": "maximum", "avg": "add"}
 
@@ -14,16 +16,18 @@ def resolve_op(op: str, dtype: Any, xp: ModuleType) -> Any:
 
     "avg" reduces with add; the caller divides by the number of ranks once, at the end.
     """
-    if op not in _UFUNC:
-        raise ValueError(f"unknown op {op!r}; expected one of {', '.join(OPS)}")
+    if not isinstance(op, str) or op not in _UFUNC:
+        raise InvalidArgumentError(f"unknown op {op!r}; expected one of {', '.join(OPS)}")
     kind = xp.dtype(dtype).kind
     if kind not in "biufc":
-        raise TypeError(f"dtype {dtype} is not numeric; collectives reduce numbers and bools")
+        raise InvalidTypeError(f"dtype {dtype} is not numeric; collectives reduce numbers "
+                               "and bools")
     if kind == "b" and op not in ("min", "max"):
-        raise TypeError(f"op {op!r} is not defined on bool; use 'min' (all) or 'max' (any)")
+        raise InvalidTypeError(f"op {op!r} is not defined on bool; use 'min' (all) or 'max' "
+                               "(any)")
     if kind in "iu" and op == "avg":
-        raise TypeError(f"op 'avg' needs a floating dtype, got {dtype}; "
-                        "reduce with 'sum' and divide yourself")
+        raise InvalidTypeError(f"op 'avg' needs a floating dtype, got {dtype}; "
+                               "reduce with 'sum' and divide yourself")
     if kind == "c" and op in ("min", "max"):
-        raise TypeError(f"op {op!r} is not defined on complex dtype {dtype}")
+        raise InvalidTypeError(f"op {op!r} is not defined on complex dtype {dtype}")
     return getattr(xp, _UFUNC[op])

@@ -10,6 +10,7 @@ import sys
 import threading
 from typing import Any, Callable
 
+from transports.errors import InvalidArgumentError
 from transports.threads import ThreadGroup, ThreadTransport
 
 from .communicator import Communicator
@@ -17,14 +18,15 @@ from .communicator import Communicator
 
 def spawn(fn: Callable[..., Any], size: int, *args: Any, segment_bytes: int | None = None,
           one_shot_bytes: int | None = None, timeout: float | None = None,
-          trace: bool = False) -> list[Any]:
+          trace: bool = False, check: bool | None = None) -> list[Any]:
     """Call `fn(comm, *args)` on `size` thread ranks; return their results in rank order.
 
     The options are those of `collectives.init`. If any rank raises, the others are released
-    from their waits and the first exception is raised again here, with its rank named.
+    from their waits (with `PeerFailedError`) and the first exception is raised again here,
+    with its rank named.
     """
     if size < 1:
-        raise ValueError(f"spawn needs at least one rank, got {size}")
+        raise InvalidArgumentError(f"spawn needs at least one rank, got {size}")
     group = ThreadGroup(size)
     results: list[Any] = [None] * size
     failures: list[tuple[int, BaseException]] = []
@@ -33,7 +35,7 @@ def spawn(fn: Callable[..., Any], size: int, *args: Any, segment_bytes: int | No
     def run(rank: int) -> None:
         transport = ThreadTransport(group, rank, segment_bytes=segment_bytes,
                                     one_shot_bytes=one_shot_bytes, timeout=timeout)
-        with Communicator(transport, trace=trace) as comm:
+        with Communicator(transport, trace=trace, check=check) as comm:
             try:
                 results[rank] = fn(comm, *args)
             except BaseException as error:  # noqa: BLE001 - handed to the caller below

@@ -17,10 +17,9 @@ from __future__ import annotations
 import os
 import time
 from abc import ABC, abstractmethod
-from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from types import ModuleType
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy
 
@@ -69,6 +68,7 @@ class Transport(ABC):
     """Moves bytes between `size` ranks. Subclasses set `name` and implement the raw moves."""
 
     name: str = "?"
+    default_segment_bytes: int = DEFAULT_SEGMENT_BYTES  # unless segment_bytes= or $RINGCC_...
     # All-reduces of at most this many bytes take the one-shot path (see all_reduce.py); a
     # transport whose measured crossover is above zero says so here.
     default_one_shot_bytes: int = 0
@@ -80,7 +80,7 @@ class Transport(ABC):
         self.size = size
         self.xp = xp
         self.segment_bytes = int(segment_bytes or os.environ.get("RINGCC_SEGMENT_BYTES",
-                                                                 DEFAULT_SEGMENT_BYTES))
+                                                                 self.default_segment_bytes))
         if self.segment_bytes < 1:
             raise ValueError(f"segment_bytes must be positive, got {self.segment_bytes}")
         if one_shot_bytes is None:  # 0 is a real setting (always the ring), so test for None
@@ -89,6 +89,9 @@ class Transport(ABC):
         if self.one_shot_bytes < 0:
             raise ValueError(f"one_shot_bytes must be >= 0, got {self.one_shot_bytes}")
         self.timeout = float(timeout or os.environ.get("RINGCC_TIMEOUT", DEFAULT_TIMEOUT_S))
+        # Polls before a wait first yields the CPU; 0 where ranks outnumber cores, since then
+        # the rank we wait for may be waiting for our core.
+        self.spin = 50
         self.stats = Stats()
         self.trace: list[dict] | None = None  # a list while tracing, else None (free when off)
         self.where = ""  # what the caller is doing, for error messages ("all_reduce #3")
@@ -127,24 +130,21 @@ class Transport(ABC):
         """Receive from `src` into `buf`."""
         self.sendrecv(None, None, buf, src)
 
-    @contextmanager
-    def all_inputs(self, buf: Any) -> Iterator[list[Any]]:
-        """Every rank's `buf`, in rank order, readable inside the `with` block.
+    def all_inputs(self, buf: Any) -> list[Any]:
+        """Every rank's `buf`, in rank order.
 
-        Every rank calls it with a flat buffer of the same size and dtype. The arrays yielded
-        never alias `buf` (so `buf` may be overwritten while they are read) and must not be
-        kept after the block.
+        Every rank calls it with a flat buffer of the same size and dtype. The arrays returned
+        never alias `buf` (so `buf` may be overwritten while they are read), and stay valid
+        until this rank's next call of `all_inputs`.
         """
         if buf.ndim != 1 or not buf.flags.c_contiguous:
             raise ValueError("transports move flat contiguous arrays only")
         if self.size == 1 or buf.size == 0:
-            yield [buf.copy() for _ in range(self.size)]
-            return
+            return [buf.copy() for _ in range(self.size)]
         for step in range(1, self.size):
             self._count("copy", buf, (self.rank + step) % self.size,
                         buf, (self.rank - step) % self.size)
-        with self._all_inputs(buf) as inputs:
-            yield inputs
+        return self._all_inputs(buf)
 
     def barrier(self) -> None:
         """Return once every rank has entered the barrier."""
@@ -182,15 +182,14 @@ class Transport(ABC):
             else:
                 self._sendrecv(out, dst, None, None)
 
-    @contextmanager
-    def _all_inputs(self, buf: Any) -> Iterator[list[Any]]:
+    def _all_inputs(self, buf: Any) -> list[Any]:
         """Exchange copies directly: in step s, send to rank + s and receive from rank - s."""
         inputs = [self.xp.empty_like(buf) for _ in range(self.size)]
         inputs[self.rank][...] = buf
         for step in range(1, self.size):
             src = (self.rank - step) % self.size
             self._sendrecv(buf, (self.rank + step) % self.size, inputs[src], src)
-        yield inputs
+        return inputs
 
     # ---- helpers shared by transports ----------------------------------------------------
 
@@ -205,7 +204,7 @@ class Transport(ABC):
         polls = 0
         while not ready():
             polls += 1
-            if polls < 50:
+            if polls < self.spin:
                 continue
             if polls < 2000:
                 os.sched_yield()

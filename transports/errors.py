@@ -1,8 +1,20 @@
-"""The errors every part of the engine raises; re-exported by `collectives`."""
+"""The errors every part of the engine raises; re-exported by `collectives`.
+
+Everything derives from `CollectiveError`. A bad argument is also a `ValueError` or a
+`TypeError`, as Python code expects, and is raised before this rank sends anything.
+"""
 
 
 class CollectiveError(RuntimeError):
     """Base class of every error raised by a collective or a transport."""
+
+
+class InvalidArgumentError(CollectiveError, ValueError):
+    """A bad argument (a recvbuf's shape or dtype, an op, a root): nothing was sent."""
+
+
+class InvalidTypeError(CollectiveError, TypeError):
+    """An argument of the wrong type (not an array, NumPy mixed with CuPy): nothing was sent."""
 
 
 class TimeoutError(CollectiveError):

@@ -1,8 +1,9 @@
 """Ranks as threads in one process: for teaching, and for fast tests without MPI.
 
 Each ordered pair of ranks has a mailbox; a send puts a copy of the buffer in it and a receive
-takes the next one out, so messages between two ranks arrive in order, as with MPI. If any rank
-fails, the group is marked failed and every waiting rank stops with `PeerFailedError`.
+takes the next one out, so messages between two ranks arrive in order, as with MPI. Every wait
+is `Transport.wait`, bounded by the timeout. If any rank fails, the group is marked failed and
+every waiting rank stops with `PeerFailedError`.
 """
 
 from __future__ import annotations
@@ -11,24 +12,24 @@ import queue
 import threading
 from typing import Any
 
+import numpy
+
 from .base import Transport
-from .errors import PeerFailedError
+from .errors import MismatchError, PeerFailedError
 
 
 class ThreadGroup:
-    """What the threads of one group share: mailboxes, a barrier, and a failure flag."""
+    """What the threads of one group share: mailboxes and a failure flag."""
 
     def __init__(self, size: int) -> None:
         self.size = size
         self.mailboxes = {(src, dst): queue.SimpleQueue()
                           for src in range(size) for dst in range(size) if src != dst}
-        self.barrier = threading.Barrier(size)
         self.failed = threading.Event()
 
     def fail(self) -> None:
         """Release every rank that waits: one of them has failed."""
         self.failed.set()
-        self.barrier.abort()
 
 
 class ThreadTransport(Transport):
@@ -52,22 +53,31 @@ class ThreadTransport(Transport):
                 nonlocal message
                 if self.group.failed.is_set():
                     raise PeerFailedError(f"rank {self.rank}: another rank failed while this "
-                                          f"one waited for rank {src}")
+                                          f"one waited for rank {src}{self._during()}")
                 try:
-                    message = box.get(timeout=0.01)
+                    message = box.get(timeout=0.001)
                     return True
                 except queue.Empty:
                     return False
 
             self.wait(arrived, src, "a message")
             if message.nbytes != recvbuf.nbytes:
-                raise ValueError(f"rank {self.rank} expected {recvbuf.nbytes} bytes from rank "
-                                 f"{src} but got {message.nbytes}")
+                raise MismatchError(f"rank {self.rank} expected {recvbuf.nbytes} bytes from rank "
+                                    f"{src} but got {message.nbytes}{self._during()}")
             recvbuf[...] = message.view(recvbuf.dtype)
 
     def _barrier(self) -> None:
-        try:
-            self.group.barrier.wait(timeout=self.timeout)
-        except threading.BrokenBarrierError:
-            raise PeerFailedError(f"rank {self.rank}: the barrier broke (a rank failed or "
-                                  f"timed out)") from None
+        """Dissemination: in round k, signal rank + 2^k and wait for rank - 2^k.
+
+        After ceil(log2 N) rounds each rank has heard, through others, from every rank; a
+        rank that never comes is named by the timeout of whoever waits for it.
+        """
+        token = numpy.zeros(1, numpy.uint8)
+        distance = 1
+        while distance < self.size:
+            self._sendrecv(token, (self.rank + distance) % self.size,
+                           token, (self.rank - distance) % self.size)
+            distance *= 2
+
+    def _during(self) -> str:
+        return f" during {self.where}" if self.where else ""

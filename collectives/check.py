@@ -1,0 +1,111 @@
+"""Before any data moves, the ranks check that they all made the same call.
+
+Each rank describes its call in six integers, its descriptor:
+
+    call number  the call's number on this communicator (1 for the first collective)
+    collective   which collective
+    count        elements in the buffer (-1 for scatter: a rank may not know it)
+    dtype        the dtype's NumPy code ("<f4") packed into an integer (0 for scatter)
+    op           the reduction (0 where the collective takes none)
+    root         the root rank (-1 where the collective has none)
+
+and every rank reads every other rank's descriptor through the transport's exchange of small
+inputs, the one small all-reduces use (one publish and one wait on shared memory). So every
+rank sees the same N descriptors, and if they differ every rank raises the same
+`MismatchError`, naming the ranks that called something else than the others and what differs,
+before any data has moved: the communicator can still be used afterwards.
+
+The check is also a barrier: a rank that never makes the call holds the others at the check,
+and their timeout names the call and, where the transport can tell, the rank they waited for.
+It costs one small exchange per call (measured in the README, "Reliability").
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from typing import Any
+
+import numpy
+
+from transports.base import Transport
+
+from .ops import OPS
+
+# Every name `Communicator._begin` numbers a call with; naive.py's all-reduces too.
+COLLECTIVES = ("all_reduce", "all_gather", "broadcast", "scatter", "reduce_scatter", "barrier",
+               "naive_ring", "reduce_broadcast")
+FIELDS = ("call number", "collective", "count", "dtype", "op", "root")
+_COLLECTIVE_CODES = {name: code for code, name in enumerate(COLLECTIVES, start=1)}
+_OP_CODES = {name: code for code, name in enumerate(OPS, start=1)}
+
+
+@functools.lru_cache(maxsize=None)
+def dtype_code(dtype: numpy.dtype) -> int:
+    """The dtype's NumPy code, "<f4" or "|b1", as a non-negative int64 (numeric codes fit)."""
+    return int.from_bytes(dtype.str.encode()[:8], "little")
+
+
+def dtype_text(code: int) -> str:
+    return str(numpy.dtype(code.to_bytes(8, "little").rstrip(b"\0").decode()))
+
+
+def descriptor(seq: int, collective: str, count: int = -1, dtype: Any = None,
+               op: str | None = None, root: int = -1) -> tuple[int, ...]:
+    """The integers that stand for one call (see the module docstring)."""
+    return (seq, _COLLECTIVE_CODES[collective], count,
+            0 if dtype is None else dtype_code(numpy.dtype(dtype)),
+            0 if op is None else _OP_CODES[op], int(root))
+
+
+def describe(call: tuple[int, ...]) -> str:
+    """A call as the user wrote it: "all_reduce #4 (count 100, float32, sum)"."""
+    seq, collective, count, dtype, op, root = call
+    details = []
+    if count >= 0:
+        details.append(f"count {count}")
+    if dtype:
+        details.append(dtype_text(dtype))
+    if op:
+        details.append(OPS[op - 1])
+    if root >= 0:
+        details.append(f"root {root}")
+    return f"{COLLECTIVES[collective - 1]} #{seq}" + (f" ({', '.join(details)})" if details else "")
+
+
+def agree(transport: Transport, mine: tuple[int, ...]) -> str | None:
+    """Compare this rank's descriptor with every other rank's: None if all match, else why not.
+
+    Collective: every rank calls it with its own descriptor before the data moves. It goes
+    through the transport's raw exchange, so traces and byte counts show only the collective's
+    own traffic.
+    """
+    xp = transport.xp
+    transport.phase, transport.step = "check", 0
+    calls = [tuple(row.tolist()) for row in transport._all_inputs(xp.array(mine, xp.int64))]
+    if calls.count(mine) == len(calls):
+        return None
+    return disagreement(calls, transport.rank)
+
+
+def disagreement(calls: list[tuple[int, ...]], rank: int) -> str:
+    """What rank `rank` says when ranks made the calls `calls` (in rank order), not all alike."""
+    common = Counter(calls).most_common(1)[0][0]  # on a tie, the lowest rank's call
+    odd: dict[tuple[int, ...], list[int]] = {}
+    for r, call in enumerate(calls):
+        if call != common:
+            odd.setdefault(call, []).append(r)
+    differ = [name for i, name in enumerate(FIELDS) if any(c[i] != common[i] for c in odd)]
+    if "collective" in differ:  # the other arguments then mean different things
+        differ = differ[:differ.index("collective") + 1]
+    others = [r for r, call in enumerate(calls) if call == common]
+    said = "; ".join(f"{_ranks(ranks)} called {describe(call)}" for call, ranks in odd.items())
+    verb = "differs" if len(differ) == 1 else "differ"
+    return (f"rank {rank}: ranks disagree: {said}, but {_ranks(others)} called "
+            f"{describe(common)}; the {' and the '.join(differ)} {verb}")
+
+
+def _ranks(ranks: list[int]) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return f"ranks {', '.join(map(str, ranks[:-1]))} and {ranks[-1]}"

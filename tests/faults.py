@@ -1,0 +1,135 @@
+"""One fault, injected on rank 1 of a real MPI job, for test_reliability.py:
+
+    mpiexec -n 3 python tests/faults.py DIR TRANSPORT FAULT TIMEOUT
+
+Every rank first writes DIR/<rank>.json: its pid and the /dev/shm files it has mapped, so the
+test can check afterwards that no process and no file of the job is left. Then the ranks make a
+few collectives, and rank 1 gets call #2 wrong (see FAULTS). A rank that raises writes
+DIR/<rank>.raised ("KIND: MESSAGE") and lets the exception go uncaught, which aborts the job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sys
+import time
+
+import numpy
+from mpi4py import MPI
+
+import collectives
+
+COUNT = 100
+BIG = 1 << 16  # elements: the ring, with several transfers per rank
+
+
+def data(comm, count: int = COUNT, dtype: str = "float64") -> numpy.ndarray:
+    return (numpy.arange(count) * (comm.rank + 1)).astype(dtype)
+
+
+def rank_one(comm, wrong, right):
+    """Rank 1's value and everyone else's."""
+    return wrong if comm.rank == 1 else right
+
+
+class Tripwire(list):
+    """A transfer trace that calls `action` when the transport records its `at`-th transfer:
+    a fault in the middle of a collective, after some of its messages have moved."""
+
+    def __init__(self, at: int, action) -> None:
+        super().__init__()
+        self.at, self.action = at, action
+
+    def append(self, record: dict) -> None:
+        super().append(record)
+        if len(self) == self.at:
+            self.action()
+
+
+def in_the_middle(comm, action) -> None:
+    """All-reduce a buffer large enough for the ring; rank 1 runs `action` at its 3rd transfer."""
+    if comm.rank == 1:
+        comm._transport.trace = Tripwire(3, action)
+    comm.all_reduce(data(comm, BIG))
+
+
+def kill_self() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def fail() -> None:
+    raise RuntimeError("rank 1 fails on purpose")
+
+
+def skip(comm) -> None:
+    """Rank 1 skips call #2 and goes on to the next one."""
+    if comm.rank != 1:
+        comm.all_reduce(data(comm))
+    comm.broadcast(data(comm))
+
+
+def skip_last(comm) -> None:
+    """Rank 1 skips the last call and leaves: the others time out waiting for it."""
+    if comm.rank != 1:
+        comm.all_reduce(data(comm))
+
+
+def sleep(comm) -> None:
+    """Rank 1 comes to call #2 after the others have given up waiting for it."""
+    if comm.rank == 1:
+        time.sleep(comm._transport.timeout + 3)
+    comm.all_reduce(data(comm))
+
+
+FAULTS = {
+    # Call #2 differs on rank 1: every rank raises MismatchError.
+    "count": lambda c: c.all_reduce(data(c, rank_one(c, COUNT - 1, COUNT))),
+    "dtype": lambda c: c.all_reduce(data(c, dtype=rank_one(c, "float32", "float64"))),
+    "op": lambda c: c.all_reduce(data(c), op=rank_one(c, "max", "sum")),
+    "root": lambda c: c.broadcast(data(c), root=rank_one(c, 1, 0)),
+    "collective": lambda c: rank_one(c, c.all_gather, c.all_reduce)(data(c)),
+    "skip": skip,
+    "skip_last": skip_last,
+    "sleep": sleep,
+    # Rank 1 dies in the middle of call #2, after some of its messages have moved.
+    "kill": lambda c: in_the_middle(c, kill_self),
+    "raise": lambda c: in_the_middle(c, fail),
+}
+MISMATCHES = ("count", "dtype", "op", "root", "collective", "skip")
+
+
+def shm_files() -> set[str]:
+    """The /dev/shm files this process has mapped, named or already unlinked."""
+    with open("/proc/self/maps") as maps:
+        return set(re.findall(r"\s(/dev/shm/\S+)", maps.read()))
+
+
+def settle(request: MPI.Request, seconds: float) -> None:
+    """Wait for `request` without spinning in MPI, for at most `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not request.Test() and time.monotonic() < deadline:
+        time.sleep(1e-3)
+
+
+def main() -> None:
+    out, transport, fault, timeout = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+    comm = collectives.init(transport, timeout=timeout, segment_bytes=4096)
+    with open(os.path.join(out, f"{comm.rank}.json"), "w") as report:
+        json.dump({"pid": os.getpid(), "files": sorted(shm_files())}, report)
+    comm.all_reduce(data(comm))  # call #1 is right everywhere
+    try:
+        FAULTS[fault](comm)
+    except Exception as error:
+        with open(os.path.join(out, f"{comm.rank}.raised"), "w") as report:
+            report.write(f"{type(error).__name__}: {error}")
+        if fault in MISMATCHES:  # every rank raises: let each one say so before the abort
+            settle(MPI.COMM_WORLD.Ibarrier(), 10)
+        raise
+    comm.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,263 @@
+"""Bad arguments: a clear error before anything is sent, and the communicator still works.
+
+Runs on thread ranks (`collectives.spawn`). The error of each bad argument is pinned by a
+table; a hypothesis test then feeds random arguments to every collective and checks that each
+call either gives NumPy's answer or raises a documented error (ValueError or TypeError),
+within the timeout.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import numpy
+import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+import cases
+import collectives
+
+TIMEOUT = 5  # seconds; a call that hangs fails with TimeoutError instead
+
+
+def read_only(shape, dtype="float64"):
+    array = numpy.zeros(shape, dtype)
+    array.flags.writeable = False
+    return array
+
+
+BAD = [
+    # (call on every rank of 3, error class, message)
+    (lambda c: c.all_reduce([1.0, 2.0]), TypeError, "expected a NumPy or CuPy array, got list"),
+    (lambda c: c.all_reduce(None), TypeError, "expected a NumPy or CuPy array, got NoneType"),
+    (lambda c: c.all_reduce(numpy.zeros(4), [0.0] * 4), TypeError, "got list"),
+    (lambda c: c.all_reduce(numpy.zeros(4), numpy.zeros(5)), ValueError,
+     r"recvbuf must have shape \(4,\) and dtype float64; got shape \(5,\)"),
+    (lambda c: c.all_reduce(numpy.zeros(4), numpy.zeros(4, "float32")), ValueError,
+     r"dtype float64; got shape \(4,\) and dtype float32"),
+    (lambda c: c.all_reduce(numpy.zeros(4), read_only(4)), ValueError, "recvbuf is read-only"),
+    (lambda c: c.all_reduce(numpy.zeros(4), op="mean"), ValueError, "unknown op 'mean'"),
+    (lambda c: c.all_reduce(numpy.zeros(4), op=None), ValueError, "unknown op None"),
+    (lambda c: c.all_reduce(numpy.arange(4), op="avg"), TypeError, "'avg' needs a floating"),
+    (lambda c: c.all_reduce(numpy.ones(4, bool)), TypeError, "not defined on bool"),
+    (lambda c: c.all_reduce(numpy.ones(4, "complex64"), op="max"), TypeError,
+     "not defined on complex"),
+    (lambda c: c.all_reduce(numpy.array(["a", "b"])), TypeError, "dtype <U1 is not numeric"),
+    (lambda c: c.all_gather(numpy.array([None, 1])), TypeError, "dtype object is not numeric"),
+    (lambda c: c.all_gather(numpy.zeros(2), numpy.zeros((2, 2))), ValueError,
+     r"recvbuf must have shape \(3, 2\)"),
+    (lambda c: c.all_gather(numpy.zeros(2, "int32"), numpy.zeros((3, 2))), ValueError,
+     "and dtype int32"),
+    (lambda c: c.broadcast(read_only(4)), ValueError, "buf is read-only"),
+    (lambda c: c.broadcast(numpy.zeros(4), root=3), ValueError,
+     r"root 3 is not a rank in \[0, 3\)"),
+    (lambda c: c.broadcast(numpy.zeros(4), root=-1), ValueError, "root -1 is not a rank"),
+    (lambda c: c.broadcast(numpy.zeros(4), root=True), ValueError, "root True is not a rank"),
+    (lambda c: c.broadcast(numpy.zeros(4), root=1.0), ValueError, "root 1.0 is not a rank"),
+    (lambda c: c.broadcast(numpy.zeros(4), root="0"), ValueError, "root '0' is not a rank"),
+    (lambda c: c.scatter(numpy.zeros((3, 2)), root=5), ValueError, "root 5 is not a rank"),
+    (lambda c: c.reduce_scatter(numpy.zeros((4, 2))), ValueError,
+     r"sendbuf must have shape \(3, ...\)"),
+    (lambda c: c.reduce_scatter(numpy.zeros(())), ValueError, r"one block per rank; got \(\)"),
+    (lambda c: c.reduce_scatter(numpy.zeros((3, 2)), numpy.zeros(3)), ValueError,
+     r"recvbuf must have shape \(2,\)"),
+    (lambda c: c.reduce_scatter(numpy.zeros((3, 2)), op="median"), ValueError, "unknown op"),
+]
+
+
+@pytest.mark.parametrize("call, kind, message", BAD)
+def test_a_bad_argument_raises_before_anything_is_sent(call, kind, message):
+    """Every rank makes the same bad call: each raises at once, having sent nothing, and the
+    communicator then works as before."""
+    def body(comm):
+        with pytest.raises(kind, match=message):
+            call(comm)
+        sent = comm.stats.bytes_sent
+        total = comm.all_reduce(numpy.arange(5.0) * (comm.rank + 1))
+        return sent, total
+
+    for sent, total in collectives.spawn(body, 3, timeout=TIMEOUT):
+        assert sent == 0
+        numpy.testing.assert_array_equal(total, numpy.arange(5.0) * 6)
+
+
+ROOT_ONLY = [
+    # Only the root looks at sendbuf, so only the root can see what is wrong with it.
+    (lambda c: c.scatter(None, numpy.zeros(2), root=0), r"the root \(rank 0\) must pass sendbuf"),
+    (lambda c: c.scatter(numpy.zeros((2, 4)) if c.rank == 0 else None, root=0),
+     r"sendbuf must have shape \(3, ...\)"),
+    (lambda c: c.scatter(numpy.zeros(()) if c.rank == 0 else None, root=0),
+     r"sendbuf must have shape \(3, ...\)"),
+    (lambda c: c.scatter(numpy.zeros((3, 2)), numpy.zeros(3), root=0),
+     r"recvbuf must have shape \(2,\)"),
+]
+
+
+@pytest.mark.parametrize("call, message", ROOT_ONLY)
+def test_a_bad_argument_only_the_root_sees_raises_there_before_it_sends(call, message):
+    """The root raises at once; the others, already waiting for it, are released."""
+    with pytest.raises(ValueError, match=message) as caught:
+        collectives.spawn(call, 3, timeout=TIMEOUT)
+    assert "raised on rank 0 of 3" in str(caught.value.__notes__)
+
+
+def test_errors_raised_by_the_communicator_are_collective_errors():
+    def body(comm):
+        errors = []
+        for call in (lambda: comm.all_reduce([1.0]),
+                     lambda: comm.all_reduce(numpy.zeros(4), numpy.zeros(5)),
+                     lambda: comm.broadcast(numpy.zeros(2), root=7)):
+            try:
+                call()
+            except collectives.CollectiveError as error:
+                errors.append(error)
+        return errors
+
+    invalid_type, invalid_argument, bad_root = collectives.spawn(body, 2)[0]
+    assert isinstance(invalid_type, TypeError) and isinstance(invalid_argument, ValueError)
+    assert isinstance(bad_root, ValueError)
+
+
+def test_a_bad_argument_on_one_rank_is_raised_there_and_releases_the_others():
+    """Rank 1's recvbuf is wrong; the others are already waiting for it at the check."""
+    def body(comm):
+        recvbuf = numpy.zeros(5 if comm.rank == 1 else 4)
+        comm.all_reduce(numpy.zeros(4), recvbuf)
+
+    with pytest.raises(ValueError, match=r"recvbuf must have shape \(4,\)") as caught:
+        collectives.spawn(body, 3, timeout=TIMEOUT)
+    assert "raised on rank 1 of 3" in str(caught.value.__notes__)
+
+
+def test_mixed_numpy_and_cupy_buffers(monkeypatch):
+    """Without a GPU, a stand-in type from a module named cupy is enough to take the path."""
+    fake = types.ModuleType("cupy")
+    fake.ndarray = type("ndarray", (), {"__module__": "cupy._core.core", "dtype":
+                                        numpy.dtype("float64"), "shape": (4,)})
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+
+    def mixed(comm):
+        comm.all_reduce(numpy.zeros(4), fake.ndarray())
+
+    with pytest.raises(TypeError, match="buffers mix NumPy and CuPy arrays"):
+        collectives.spawn(mixed, 2, timeout=TIMEOUT)
+    with pytest.raises(TypeError, match="the threads transport moves numpy arrays, got a cupy"):
+        collectives.spawn(lambda comm: comm.broadcast(fake.ndarray()), 2, timeout=TIMEOUT)
+
+
+@pytest.mark.parametrize("op", ["sum", "prod", "avg", "min", "max"])
+def test_nan_propagates_as_in_numpy(op):
+    """A NaN on one rank makes that element NaN under every op, as NumPy's reductions do
+    (min and max are numpy.minimum and numpy.maximum, which propagate NaN)."""
+    def data(rank):
+        x = cases.values(rank, 7, "float64")
+        x[rank] = numpy.nan  # rank r poisons element r
+        return x
+
+    def body(comm):
+        return comm.all_reduce(data(comm.rank), op=op), \
+            comm.reduce_scatter(numpy.tile(data(comm.rank), (comm.size, 1)), op=op)
+
+    want = cases.reduce_reference(op, [data(r) for r in range(3)])
+    for total, block in collectives.spawn(body, 3, timeout=TIMEOUT):
+        numpy.testing.assert_allclose(total, want, rtol=1e-14)
+        numpy.testing.assert_allclose(block, want, rtol=1e-14)
+        assert numpy.isnan(total[:3]).all() and not numpy.isnan(total[3:]).any()
+
+
+# ---- random arguments ---------------------------------------------------------------------
+
+DTYPES = ("float64", "int32", "bool", "complex64", "<U3", "object", "datetime64[s]")
+SHAPES = ("scalar", "empty", "vector", "matrix", "blocks", "too many blocks")
+RECVBUFS = ("none", "right", "same", "wrong shape", "wrong dtype", "read-only", "strided",
+            "list")
+OPS = ("sum", "prod", "min", "max", "avg", "mean", "", None, 3)
+ROOTS = (0, 1, -1, "size", True, 1.0, "0", numpy.int64(1))
+
+
+def shape_of(name, size):
+    return {"scalar": (), "empty": (0,), "vector": (3,), "matrix": (2, 3),
+            "blocks": (size, 2), "too many blocks": (size + 1, 2)}[name]
+
+
+def buffer(rank, shape, dtype):
+    count = int(numpy.prod(shape))
+    if numpy.dtype(dtype).kind in "biufc":
+        return cases.values(rank, count, dtype).reshape(shape)
+    return numpy.zeros(shape, dtype)  # strings, objects, dates: refused before anything moves
+
+
+def recvbuf_for(kind, sendbuf, want_shape):
+    if kind == "none":
+        return None
+    if kind == "same":
+        return sendbuf
+    if kind == "list":
+        return [0] * 3
+    shape, dtype = want_shape, sendbuf.dtype
+    if kind == "wrong shape":
+        shape = (*shape, 2)
+    if kind == "wrong dtype":
+        dtype = numpy.dtype("float32") if dtype != numpy.float32 else numpy.dtype("float64")
+    if kind == "read-only":
+        return read_only(shape, dtype)
+    if kind == "strided":
+        return numpy.zeros((*shape, 2), dtype)[..., 0]
+    return numpy.zeros(shape, dtype)
+
+
+def make_call(comm, collective, dtype, shape_name, recv, op, root):
+    """Make one call with arguments from the example; rank-dependent data, the same kind of
+    argument on every rank."""
+    size = comm.size
+    root = size if root == "size" else root
+    shape = shape_of(shape_name, size)
+    send = buffer(comm.rank, shape, dtype)
+    block = shape[1:]
+    if collective == "all_reduce":
+        return comm.all_reduce(send, recvbuf_for(recv, send, shape), op=op)
+    if collective == "all_gather":
+        return comm.all_gather(send, recvbuf_for(recv, send, (size, *shape)))
+    if collective == "broadcast":
+        return comm.broadcast(send, root=root)
+    if collective == "scatter":
+        mine = send if comm.rank == root else None
+        return comm.scatter(mine, recvbuf_for(recv, send, block), root=root)
+    return comm.reduce_scatter(send, recvbuf_for(recv, send, block), op=op)
+
+
+def reference(collective, dtype, shape_name, op, root, size, rank):
+    """What `rank` must end with when the call works."""
+    root = size if root == "size" else root
+    shape = shape_of(shape_name, size)
+    inputs = [buffer(r, shape, dtype) for r in range(size)]
+    if collective == "all_reduce":
+        return cases.reduce_reference(op, inputs)
+    if collective == "all_gather":
+        return numpy.stack(inputs)
+    if collective == "broadcast":
+        return inputs[root]
+    if collective == "scatter":
+        return inputs[root][rank]
+    return cases.reduce_reference(op, inputs)[rank]
+
+
+@settings(max_examples=150, deadline=None)
+@given(collective=st.sampled_from(["all_reduce", "all_gather", "broadcast", "scatter",
+                                   "reduce_scatter"]),
+       size=st.integers(1, 4), dtype=st.sampled_from(DTYPES), shape=st.sampled_from(SHAPES),
+       recv=st.sampled_from(RECVBUFS), op=st.sampled_from(OPS), root=st.sampled_from(ROOTS))
+def test_random_arguments_work_or_raise_a_documented_error(collective, size, dtype, shape, recv,
+                                                           op, root):
+    try:
+        results = collectives.spawn(make_call, size, collective, dtype, shape, recv, op, root,
+                                    timeout=TIMEOUT)
+    except (ValueError, TypeError) as error:  # a bad argument, raised before anything was sent
+        event(f"raised {type(error).__name__}")
+        return
+    event("worked")
+    for rank, result in enumerate(results):
+        want = reference(collective, dtype, shape, op, root, size, rank)
+        cases.assert_matches(numpy.asarray(result), numpy.asarray(want), numpy.dtype(dtype).name)

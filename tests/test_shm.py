@@ -1,0 +1,227 @@
+"""What is particular to the shared-memory transport: its segments' lifetime and mode, its
+errors, and its two all-reduce paths forced one way or the other. (The property tests of every
+collective run on it too, through the rank pool.)
+
+Each test starts a real job that runs one scenario of this file on every rank:
+
+    mpiexec -n 3 python tests/test_shm.py collectives SEGMENT_BYTES ONE_SHOT_BYTES
+
+A rank prints the path of every segment it creates, so the test can check that exactly those
+are gone from /dev/shm afterwards.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import numpy
+
+import cases
+import collectives
+from launch import mpiexec
+
+COUNTS = (0, 1, 2, 7, 97, 1009)  # empty, below the rank count, primes
+ALL_REDUCE = (("int32", "sum"), ("int32", "prod"), ("uint8", "min"), ("bool", "max"),
+              ("float16", "sum"), ("float64", "avg"), ("complex64", "prod"))
+
+
+# ---- the scenarios, run on every rank -------------------------------------------------------
+
+def record_segments() -> None:
+    """Print the path of every segment this rank creates."""
+    from transports import shm
+
+    create = shm.create_segment
+
+    def recording(nbytes: int) -> tuple[str, numpy.ndarray]:
+        path, memory = create(nbytes)
+        print(f"segment {path}", flush=True)
+        return path, memory
+
+    shm.create_segment = recording
+
+
+def check_everywhere(comm, world, case: str, check, **example) -> None:
+    """Run `cases.<case>` on every rank; rank 0 checks all the results with `check`."""
+    results = world.gather(getattr(cases, case)(comm, **example))
+    if world.rank == 0:
+        wanted = inspect.signature(check).parameters
+        check(results, **{k: v for k, v in example.items() if k in wanted})
+
+
+def collectives_scenario(segment_bytes: str, one_shot_bytes: str) -> None:
+    """Every collective against NumPy, with the segment size and crossover given."""
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    comm = collectives.init("auto", segment_bytes=int(segment_bytes),
+                            one_shot_bytes=int(one_shot_bytes), timeout=30)
+    assert comm.transport == "shm", comm.transport
+    # Every segment was unlinked once mapped: in use, yet not in /dev/shm.
+    maps = open("/proc/self/maps").read()
+    mapped = re.findall(r"/dev/shm/(ringcc-\w+) \(deleted\)", maps)
+    assert len(set(mapped)) == comm.size, maps
+    assert not set(mapped) & set(os.listdir("/dev/shm"))
+    for count in COUNTS:
+        for dtype, op in ALL_REDUCE:
+            check_everywhere(comm, world, "all_reduce_case", cases.check_all_reduce,
+                             count=count, dtype=dtype, op=op, layout="flat", in_place=False)
+        check_everywhere(comm, world, "all_reduce_case", cases.check_all_reduce, count=count,
+                         dtype="float32", op="max", layout="strided", in_place=True)
+        check_everywhere(comm, world, "all_gather_case", cases.check_all_gather, count=count,
+                         dtype="complex128", layout="matrix", given=False)
+        check_everywhere(comm, world, "reduce_scatter_case", cases.check_reduce_scatter,
+                         count=count, dtype="int64", op="sum")
+        for root in range(comm.size):
+            check_everywhere(comm, world, "broadcast_case", cases.check_broadcast,
+                             count=count, dtype="uint16", layout="flat", root=root)
+            check_everywhere(comm, world, "scatter_case", cases.check_scatter, count=count,
+                             dtype="float64", root=root, given=root % 2 == 0)
+    comm.barrier()
+    comm.close()
+    print("collectives ok", flush=True)
+
+
+def failure_scenario(how: str) -> None:
+    """Rank 1 raises, or kills itself, in the middle of a long all-reduce."""
+    comm = collectives.init("shm", segment_bytes=4096, timeout=3)
+    work = numpy.arange(1 << 20, dtype=numpy.float64) * (comm.rank + 1)
+    comm.all_reduce(work)
+    if comm.rank == 1:
+        transport = comm._transport
+        copies = 0
+
+        def failing_copy(dst, src):
+            nonlocal copies
+            copies += 1
+            if copies == 20:
+                if how == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                raise RuntimeError("rank 1 fails on purpose")
+            type(transport)._copy(transport, dst, src)
+
+        transport._copy = failing_copy
+    comm.all_reduce(work)
+
+
+def errors_scenario() -> None:
+    """The errors of `init`, and the segment's mode: none of them allocates a segment."""
+    from transports import shm
+
+    # A new segment is 0600 whatever the umask, under a name nobody can guess.
+    old = os.umask(0)
+    try:
+        path, memory = shm.create_segment(4096)
+    finally:
+        os.umask(old)
+    mode = os.stat(path).st_mode & 0o777
+    os.unlink(path)
+    del memory
+    assert mode == 0o600, oct(mode)
+    assert re.fullmatch(r"/dev/shm/ringcc-[0-9a-f]{32}", path), path
+
+    def must_not_allocate(nbytes):
+        raise AssertionError("a segment was created")
+
+    create, shm.create_segment = shm.create_segment, must_not_allocate
+    statvfs = os.statvfs
+
+    class Tiny:
+        f_bavail, f_frsize = 16, 4096  # 64 KiB free
+
+    os.statvfs = lambda path: Tiny() if path == shm.SHM_DIR else statvfs(path)
+    try:
+        collectives.init("shm")
+    except collectives.CollectiveError as error:
+        assert "/dev/shm has 0.1 MiB free" in str(error) and "segment_bytes" in str(error), error
+    else:
+        raise AssertionError("a /dev/shm too small went unnoticed")
+    os.statvfs = statvfs
+
+    on_one_node, shm.on_one_node = shm.on_one_node, lambda comm: False  # as if on two nodes
+    try:
+        collectives.init("shm")
+    except collectives.CollectiveError as error:
+        assert "span nodes" in str(error), error
+    else:
+        raise AssertionError("shm across nodes went unnoticed")
+    with collectives.init("auto") as comm:
+        assert comm.transport == "mpi"
+        assert comm.all_reduce(numpy.arange(5) + comm.rank).tolist() == [1, 3, 5, 7, 9]
+    shm.on_one_node, shm.create_segment = on_one_node, create
+
+    # A rank that waits on a dead peer stops at once, not at the timeout.
+    with collectives.init("shm", timeout=60) as comm:
+        if comm.rank == 0:
+            gone = subprocess.Popen(["true"])
+            gone.wait()
+            comm._transport._pids[1] = gone.pid  # as if rank 1 had died
+            try:
+                comm._transport.recv(numpy.empty(1), 1)
+            except collectives.PeerFailedError as error:
+                assert "rank 1" in str(error) and "has died" in str(error), error
+            else:
+                raise AssertionError("a dead peer went unnoticed")
+    print("errors ok", flush=True)
+
+
+# ---- the tests -----------------------------------------------------------------------------
+
+def segments_of(output: str) -> list[str]:
+    paths = re.findall(r"segment (/dev/shm/ringcc-[0-9a-f]{32})", output)
+    assert paths, output
+    return paths
+
+
+def assert_gone(paths: list[str]) -> None:
+    assert not [p for p in paths if os.path.exists(p)], "left in /dev/shm"
+
+
+def test_many_segments_through_the_slots_and_always_the_ring():
+    job = mpiexec(3, __file__, "collectives", "64", "0", timeout=60)
+    assert job.stdout.count("collectives ok") == 3
+    assert_gone(segments_of(job.stdout))
+
+
+def test_always_one_shot():
+    job = mpiexec(3, __file__, "collectives", "4096", str(1 << 20), timeout=60)
+    assert job.stdout.count("collectives ok") == 3
+    assert_gone(segments_of(job.stdout))
+
+
+def test_the_ring_on_four_ranks_sharing_two_cores():
+    job = mpiexec(4, __file__, "collectives", "1024", "0", timeout=60)
+    assert job.stdout.count("collectives ok") == 4
+    assert_gone(segments_of(job.stdout))
+
+
+def test_nothing_left_after_an_exception():
+    job = mpiexec(3, __file__, "failure", "raise", timeout=60, check=False)
+    assert job.returncode != 0
+    assert "rank 1 fails on purpose" in job.stderr
+    assert_gone(segments_of(job.stdout))
+
+
+def test_nothing_left_after_kill_9_and_the_job_ends():
+    job = mpiexec(3, __file__, "failure", "kill", timeout=60, check=False)
+    assert job.returncode != 0
+    assert_gone(segments_of(job.stdout))
+
+
+def test_errors_come_before_any_segment_and_segments_are_0600():
+    job = mpiexec(2, __file__, "errors", timeout=60)
+    assert job.stdout.count("errors ok") == 2
+    assert_gone(segments_of(job.stdout))
+
+
+SCENARIOS = {"collectives": collectives_scenario, "failure": failure_scenario,
+             "errors": errors_scenario}
+
+if __name__ == "__main__":
+    record_segments()
+    SCENARIOS[sys.argv[1]](*sys.argv[2:])
