@@ -193,10 +193,13 @@ class Transport(ABC):
 
     # ---- helpers shared by transports ----------------------------------------------------
 
-    def wait(self, ready: Callable[[], bool], peer: int | None, what: str) -> None:
+    def wait(self, ready: Callable[[], bool], peer: int | None, what: str,
+             late: Callable[[], list[int]] | None = None) -> None:
         """Wait until `ready()` is true: spin briefly, then yield the CPU, then nap.
 
-        Ranks may outnumber cores, so a long wait must let the peer we wait for run.
+        Ranks may outnumber cores, so a long wait must let the peer we wait for run. `peer` is
+        the rank waited for; when waiting for several (peer None), `late()` says which of them
+        have not come, for the timeout's message.
         """
         if ready():
             return
@@ -214,9 +217,11 @@ class Transport(ABC):
                 continue
             self._check_peer(peer)
             if time.monotonic() > deadline:
+                waited = [peer] if peer is not None else late() if late is not None else []
                 raise TimeoutError(
                     f"rank {self.rank} waited {self.timeout:g} s for {what}"
-                    + (f" from rank {peer}" if peer is not None else "")
+                    + (f" from rank{'s' if len(waited) > 1 else ''} "
+                       f"{', '.join(map(str, waited))}" if waited else "")
                     + (f" during {self.where}" if self.where else "")
                     + (f" ({self.phase} step {self.step})" if self.phase else "")
                     + f" on the {self.name} transport")

@@ -310,7 +310,12 @@ class ShmTransport(Transport):
     def _barrier(self) -> None:
         self._barriers += 1
         self._own[BARRIER * WORDS] = self._barriers
-        self.wait(lambda: self._everyone(BARRIER, self._barriers), None, "the barrier")
+        self.wait(lambda: self._everyone(BARRIER, self._barriers), None, "the barrier",
+                  late=lambda: self._behind(BARRIER, self._barriers))
+
+    def _behind(self, counter: int, at_least: int) -> list[int]:
+        """The ranks whose `counter` has not reached `at_least`."""
+        return [r for r, ctl in enumerate(self._ctl) if ctl[counter * WORDS] < at_least]
 
     def _everyone(self, counter: int, at_least: int) -> bool:
         word = counter * WORDS
@@ -340,7 +345,8 @@ class ShmTransport(Transport):
         size_word = PUBLISHED * WORDS + 1 + area  # one per area, kept as long as the area
         self._own[size_word] = nbytes
         self._own[PUBLISHED * WORDS] = call
-        self.wait(lambda: self._everyone(PUBLISHED, call), None, "one-shot inputs")
+        self.wait(lambda: self._everyone(PUBLISHED, call), None, "one-shot inputs",
+                  late=lambda: self._behind(PUBLISHED, call))
         for r, ctl in enumerate(self._ctl):
             if ctl[size_word] != nbytes:
                 raise MismatchError(f"rank {self.rank} all-reduces {nbytes} bytes but rank {r} "
