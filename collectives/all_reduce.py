@@ -53,13 +53,20 @@ from .chunking import chunk_bounds
 from .ring import all_gather_pass, reduce_scatter_pass
 
 
-def ring_all_reduce(transport: Transport, work: Any, op: ReduceOp, average: bool = False) -> None:
-    """All-reduce the flat contiguous array `work` in place on every rank."""
+def ring_all_reduce(transport: Transport, work: Any, op: ReduceOp, average: bool = False,
+                    mine: Any | None = None) -> None:
+    """All-reduce into the flat contiguous array `work` on every rank.
+
+    The input is `mine` (flat, same size) when given, else `work` itself (in place). Reading
+    `mine` where it lies saves copying it into `work` first.
+    """
     size = transport.size
     if size == 1:
+        if mine is not None:
+            work[...] = mine
         return
     bounds = chunk_bounds(work.size, size)
-    owned = reduce_scatter_pass(transport, work, bounds, op, first=0)
+    owned = reduce_scatter_pass(transport, work, bounds, op, first=0, mine=mine)
     if average:
         chunk = work[slice(*bounds[owned])]
         transport.xp.true_divide(chunk, size, out=chunk)
@@ -67,7 +74,7 @@ def ring_all_reduce(transport: Transport, work: Any, op: ReduceOp, average: bool
 
 
 def one_shot_all_reduce(transport: Transport, work: Any, op: ReduceOp,
-                        average: bool = False) -> None:
+                        average: bool = False, mine: Any | None = None) -> None:
     """All-reduce by reading every rank's input at once: one exchange instead of 2(N-1) steps.
 
     Each rank publishes its buffer and reduces all N inputs itself, always in rank order
@@ -75,10 +82,13 @@ def one_shot_all_reduce(transport: Transport, work: Any, op: ReduceOp,
     times the message into each rank, so it pays only while latency dominates.
     """
     size = transport.size
+    mine = work if mine is None else mine
     if size == 1 or work.size == 0:
+        if mine is not work:
+            work[...] = mine
         return
     transport.phase, transport.step = "one-shot", 0
-    inputs = transport.all_inputs(work)
+    inputs = transport.all_inputs(mine)
     op(inputs[0], inputs[1], out=work)
     for later in inputs[2:]:
         op(work, later, out=work)
@@ -86,9 +96,11 @@ def one_shot_all_reduce(transport: Transport, work: Any, op: ReduceOp,
         transport.xp.true_divide(work, size, out=work)
 
 
-def all_reduce(transport: Transport, work: Any, op: ReduceOp, average: bool = False) -> None:
-    """All-reduce `work` in place: one-shot up to `transport.one_shot_bytes`, else the ring."""
+def all_reduce(transport: Transport, work: Any, op: ReduceOp, average: bool = False,
+               mine: Any | None = None) -> None:
+    """All-reduce `mine` (default: `work`, in place) into `work`: one-shot up to
+    `transport.one_shot_bytes`, else the ring."""
     if work.nbytes <= transport.one_shot_bytes:
-        one_shot_all_reduce(transport, work, op, average)
+        one_shot_all_reduce(transport, work, op, average, mine)
     else:
-        ring_all_reduce(transport, work, op, average)
+        ring_all_reduce(transport, work, op, average, mine)

@@ -140,11 +140,15 @@ class Communicator:
         xp = self._module(sendbuf, recvbuf)
         ufunc = resolve_op(op, sendbuf.dtype, xp)
         recvbuf = self._output(recvbuf, sendbuf.shape, sendbuf.dtype, xp)
-        if recvbuf is not sendbuf:
-            recvbuf[...] = sendbuf
+        in_place = recvbuf is sendbuf or xp.may_share_memory(recvbuf, sendbuf)
+        if in_place and recvbuf is not sendbuf:
+            recvbuf[...] = sendbuf  # another view of the same memory: in place after all
         work, copied = _flat_work(recvbuf, xp)
+        # Out of place, the algorithm reads the input where it lies instead of copying it
+        # into recvbuf first: a whole pass over memory saved.
+        mine = None if in_place else _flat_work(sendbuf, xp)[0]
         self._begin("all_reduce", sendbuf.size, sendbuf.dtype, op)
-        all_reduce(self._transport, work, ufunc, average=(op == "avg"))
+        all_reduce(self._transport, work, ufunc, average=(op == "avg"), mine=mine)
         if copied:
             recvbuf[...] = work.reshape(recvbuf.shape)
         return recvbuf
@@ -227,9 +231,10 @@ class Communicator:
             raise InvalidArgumentError(f"reduce_scatter: sendbuf must have shape ({self.size}, "
                                        f"...), one block per rank; got {sendbuf.shape}")
         recvbuf = self._output(recvbuf, sendbuf.shape[1:], sendbuf.dtype, xp)
-        work = xp.array(sendbuf, order="C", copy=True).reshape(-1)
+        mine = _flat_work(sendbuf, xp)[0]
+        work = xp.empty_like(mine)  # the chunks in flight; `mine` is only read
         self._begin("reduce_scatter", sendbuf.size, sendbuf.dtype, op)
-        block = ring_reduce_scatter(self._transport, work, ufunc, average=(op == "avg"))
+        block = ring_reduce_scatter(self._transport, mine, work, ufunc, average=(op == "avg"))
         recvbuf[...] = block.reshape(recvbuf.shape)
         return recvbuf
 

@@ -14,13 +14,16 @@ from transports.base import ReduceOp, Transport
 from .ring import reduce_scatter_pass
 
 
-def ring_reduce_scatter(transport: Transport, work: Any, op: ReduceOp,
+def ring_reduce_scatter(transport: Transport, mine: Any, work: Any, op: ReduceOp,
                         average: bool = False) -> Any:
-    """Reduce-scatter the flat array `work` (N equal blocks, overwritten); returns block `rank`."""
+    """Reduce-scatter the flat array `mine` (N equal blocks), using `work` (the same size) for
+    the chunks in flight; returns block `rank` of the result, a view of `work`."""
     size, rank = transport.size, transport.rank
     block = work.size // size
     bounds = [(r * block, (r + 1) * block) for r in range(size)]
-    owned = reduce_scatter_pass(transport, work, bounds, op, first=-1)
+    if size == 1:
+        work[...] = mine
+    owned = reduce_scatter_pass(transport, work, bounds, op, first=-1, mine=mine)
     assert owned == rank
     result = work[slice(*bounds[rank])]
     if average:

@@ -18,17 +18,24 @@ def ring_chunks(rank: int, size: int, step: int, first: int) -> tuple[int, int]:
 
 
 def reduce_scatter_pass(transport: Transport, work: Any, bounds: list[tuple[int, int]],
-                        op: ReduceOp, first: int = 0) -> int:
-    """N-1 steps, each reducing the received chunk into `work`; returns the chunk this rank
-    then holds fully reduced, (rank + first + 1) mod N."""
+                        op: ReduceOp, first: int = 0, mine: Any | None = None) -> int:
+    """N-1 steps, each reducing the received chunk with this rank's own into `work`; returns
+    the chunk this rank then holds fully reduced, (rank + first + 1) mod N.
+
+    This rank's input is `mine` when given (then `work` need not hold it), else `work`.
+    """
     rank, size = transport.rank, transport.size
     right, left = (rank + 1) % size, (rank - 1) % size
+    mine = work if mine is None else mine
     transport.phase = "reduce-scatter"
     for step in range(size - 1):
         transport.step = step
         send, recv = ring_chunks(rank, size, step, first)
-        transport.sendrecv_reduce(work[slice(*bounds[send])], right,
-                                  work[slice(*bounds[recv])], left, op)
+        # Step 0 sends this rank's own chunk; every later step forwards the chunk reduced in
+        # the step before. What arrives is always combined with this rank's own contribution.
+        outgoing = (mine if step == 0 else work)[slice(*bounds[send])]
+        transport.sendrecv_reduce(outgoing, right, work[slice(*bounds[recv])], left, op,
+                                  inbuf=mine[slice(*bounds[recv])])
     return (rank + first + 1) % size
 
 

@@ -111,16 +111,26 @@ class Transport(ABC):
         self._sendrecv(sendbuf, dst, recvbuf, src)
 
     def sendrecv_reduce(self, sendbuf: Any | None, dst: int | None,
-                        accbuf: Any | None, src: int | None, op: ReduceOp) -> None:
-        """Send `sendbuf` to `dst` while receiving from `src` and reducing: acc = op(acc, received)."""
+                        accbuf: Any | None, src: int | None, op: ReduceOp,
+                        inbuf: Any | None = None) -> None:
+        """Send `sendbuf` to `dst` while receiving from `src` and reducing into `accbuf`:
+        acc = op(inbuf, received), where `inbuf` (same size as `accbuf`) defaults to `accbuf`.
+
+        An `inbuf` apart from `accbuf` lets an out-of-place all-reduce read the caller's input
+        where it lies, instead of first copying it into the output.
+        """
         sendbuf, accbuf = self._check(sendbuf, dst), self._check(accbuf, src)
         if sendbuf is None and accbuf is None:
             return
         self._count("reduce", sendbuf, dst, accbuf, src)
         if accbuf is None:
             self._sendrecv(sendbuf, dst, None, None)
-        else:
-            self._sendrecv_reduce(sendbuf, dst, accbuf, src, op)
+            return
+        if inbuf is None:
+            inbuf = accbuf
+        elif inbuf.shape != accbuf.shape or inbuf.dtype != accbuf.dtype:
+            raise ValueError("inbuf must match accbuf in size and dtype")
+        self._sendrecv_reduce(sendbuf, dst, accbuf, src, op, inbuf)
 
     def send(self, buf: Any, dst: int) -> None:
         """Send `buf` to `dst`; returns once `buf` may be reused."""
@@ -167,7 +177,7 @@ class Transport(ABC):
         """Raw barrier among more than one rank."""
 
     def _sendrecv_reduce(self, sendbuf: Any | None, dst: int | None,
-                         accbuf: Any, src: int, op: ReduceOp) -> None:
+                         accbuf: Any, src: int, op: ReduceOp, inbuf: Any) -> None:
         """Receive in segments into bounded scratch and reduce each one as it lands."""
         pieces = segments(accbuf.size, accbuf.itemsize, self.segment_bytes)
         sent = segments(0 if sendbuf is None else sendbuf.size, accbuf.itemsize,
@@ -178,7 +188,7 @@ class Transport(ABC):
             if k < len(pieces):
                 lo, hi = pieces[k]
                 self._sendrecv(out, dst if out is not None else None, scratch[: hi - lo], src)
-                op(accbuf[lo:hi], scratch[: hi - lo], out=accbuf[lo:hi])
+                op(inbuf[lo:hi], scratch[: hi - lo], out=accbuf[lo:hi])
             else:
                 self._sendrecv(out, dst, None, None)
 

@@ -67,7 +67,7 @@ class MPITransport(Transport):
         self._wait_all(requests, src if recvbuf is not None else dst, "a message")
 
     def _sendrecv_reduce(self, sendbuf: Any | None, dst: int | None,
-                         accbuf: Any, src: int, op: ReduceOp) -> None:
+                         accbuf: Any, src: int, op: ReduceOp, inbuf: Any) -> None:
         # The receiver cuts the message into segments that fit its scratch, so the sender
         # sends the same segments as separate messages (MPI keeps them in order).
         itemsize = accbuf.itemsize
@@ -84,7 +84,7 @@ class MPITransport(Transport):
         receives = [post(k) for k in range(min(2, len(pieces)))]
         for k, (lo, hi) in enumerate(pieces):
             self._wait_all([receives[k]], src, "a segment")
-            op(accbuf[lo:hi], scratch[k % 2][: hi - lo], out=accbuf[lo:hi])
+            op(inbuf[lo:hi], scratch[k % 2][: hi - lo], out=accbuf[lo:hi])
             if k + 2 < len(pieces):
                 receives.append(post(k + 2))
         self._wait_all(sends, dst, "a send to complete")

@@ -221,23 +221,24 @@ class ShmTransport(Transport):
         """dst[...] = src, complete when it returns."""
         dst[...] = src
 
-    def _reduce(self, op: ReduceOp, acc: Any, src: Any) -> None:
-        """acc = op(acc, src), complete when it returns."""
-        op(acc, src, out=acc)
+    def _reduce(self, op: ReduceOp, out: Any, mine: Any, theirs: Any) -> None:
+        """out = op(mine, theirs), complete when it returns."""
+        op(mine, theirs, out=out)
 
     # ---- the protocol -----------------------------------------------------------------------
 
     def _sendrecv(self, sendbuf: Any | None, dst: int | None,
                   recvbuf: Any | None, src: int | None) -> None:
-        self._stream(sendbuf, dst, recvbuf, src, None)
+        self._stream(sendbuf, dst, recvbuf, src, None, None)
 
     def _sendrecv_reduce(self, sendbuf: Any | None, dst: int | None,
-                         accbuf: Any, src: int, op: ReduceOp) -> None:
-        self._stream(sendbuf, dst, accbuf, src, op)
+                         accbuf: Any, src: int, op: ReduceOp, inbuf: Any) -> None:
+        self._stream(sendbuf, dst, accbuf, src, op, inbuf)
 
     def _stream(self, sendbuf: Any | None, dst: int | None, recvbuf: Any | None,
-                src: int | None, op: ReduceOp | None) -> None:
-        """Publish `sendbuf` to `dst` while taking `recvbuf` from `src`, a slot at a time."""
+                src: int | None, op: ReduceOp | None, inbuf: Any | None) -> None:
+        """Publish `sendbuf` to `dst` while taking `recvbuf` from `src`, a slot at a time
+        (with `op`: recvbuf = op(inbuf, what arrives))."""
         slot = self.slot_bytes
         out = sendbuf.view(numpy.uint8) if sendbuf is not None else None
         into = recvbuf.view(numpy.uint8) if recvbuf is not None else None
@@ -259,7 +260,9 @@ class ShmTransport(Transport):
                 if op is None:
                     self._copy(piece, segment)
                 else:
-                    self._reduce(op, piece.view(recvbuf.dtype), segment.view(recvbuf.dtype))
+                    mine = inbuf.view(numpy.uint8)[k_in * slot:(k_in + 1) * slot]
+                    self._reduce(op, piece.view(recvbuf.dtype), mine.view(recvbuf.dtype),
+                                 segment.view(recvbuf.dtype))
                 self._taken[src] += 1
                 self._own[(CONSUMED + src) * WORDS] = self._taken[src]
                 k_in += 1
