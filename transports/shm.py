@@ -15,7 +15,7 @@ read-only: a rank writes only its own segment, and only reads its peers'. A segm
 To send, a rank cuts the message into segments; for each it waits for a free slot, copies the
 segment in, and writes the slot's line last. To receive segment `seq` from `src`, a rank waits
 until one of src's slot lines names (itself, seq), then copies it, or reduces it
-(`op(acc, slot, out=acc)`), straight out of src's slot into its own buffer, and counts it
+(`op(mine, slot, out=acc)`), straight out of src's slot into its own buffer, and counts it
 consumed; the slot is free once that count has passed it. Sender and receiver work at once,
 so a message of any size streams through SLOTS * segment_bytes per rank. Counters only grow:
 nothing is reset between collectives. Publishing relies on one rank's stores becoming
