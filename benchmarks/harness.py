@@ -8,6 +8,9 @@ times it: all in the same job, on the same buffers.
 
     mpiexec -n 4 python -m benchmarks.all_reduce -b 8 -e 64M -f 2 --compare mpi,gloo
 
+With --device cuda, ringcc moves CuPy arrays (device.py: copies of the same buffers on the
+device, a clock that waits for it) and --compare copy times a plain device copy beside it.
+
 time:  mean per call over -n iterations (after -w warm-up ones), the slowest rank's.
 algbw: bytes / time.
 busbw: algbw * the collective's factor (all-reduce 2(n-1)/n, ...): what each rank's link
@@ -32,19 +35,23 @@ import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy
 
 import collectives
+from collectives.communicator import array_module
 from collectives.ops import resolve_op
+
+from . import device
 
 if TYPE_CHECKING:
     from mpi4py import MPI
 
 DTYPES = ("int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64")
 DTYPE_ALIASES = {"half": "float16", "float": "float32", "double": "float64", "int": "int32"}
-PEERS = ("mpi", "gloo")
+PEERS = ("mpi", "gloo", "copy")
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
@@ -137,7 +144,7 @@ def poison(result: numpy.ndarray, expected: numpy.ndarray) -> None:
     if result.dtype.kind == "f":
         result.fill(numpy.nan)
     else:
-        result[...] = expected + 1
+        result[...] = array_module(result).asarray(expected + 1)
 
 
 # ---- options ------------------------------------------------------------------------------
@@ -213,14 +220,20 @@ def parse_args(collective: Collective, argv: list[str] | None = None) -> argpars
     parser.add_argument("--transport", type=comma_list(), default=["auto"],
                         help="ringcc transports to measure, e.g. shm,mpi; the first is the "
                              "main one, which peers are compared with (default auto)")
+    parser.add_argument("--device", choices=collectives.DEVICES,
+                        help="where ringcc's buffers live: cpu (NumPy) or cuda (CuPy); "
+                             "default cuda when --transport has cuda_ipc, else cpu")
     parser.add_argument("--compare", type=comma_list(PEERS), default=[],
                         help="peers measured in the same job: mpi (the MPI library's own "
-                             "collective), gloo (torch.distributed, when torch is installed)")
+                             "collective), gloo (torch.distributed, when torch is installed), "
+                             "copy (a plain copy of the same size on the --device, rank 0 "
+                             "alone: the copy bandwidth)")
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
     parser.add_argument("--csv", metavar="FILE", help="write the rows as CSV")
     args = parser.parse_args(argv)
     if args.iters < 1 or args.warmup_iters < 0:
         parser.error("-n must be at least 1 and -w at least 0")
+    args.device = args.device or ("cuda" if "cuda_ipc" in args.transport else "cpu")
     try:
         args.sizes = sizes(args.minbytes, args.maxbytes, args.stepfactor)
     except ValueError as error:
@@ -253,9 +266,11 @@ def cases(collective: Collective,
 class Impl:
     """One implementation: `comm` offers the Communicator's collective methods and close()."""
 
-    name: str  # "ringcc:<transport>", "mpi" or "gloo"
+    name: str  # "ringcc:<transport>", "mpi", "gloo" or "copy"
     comm: Any
     dtypes: tuple[str, ...] = DTYPES
+    xp: ModuleType = numpy  # the arrays it moves: the harness's host buffers, or device copies
+    reference: bool = False  # a plain copy, not the collective: unchecked, and busbw = algbw
 
 
 class MPIPeer:
@@ -361,13 +376,13 @@ def open_impls(args: argparse.Namespace, world: MPI.Comm,
     impls, notes = [], []
     for transport in args.transport:
         try:
-            comm = stack.enter_context(collectives.init(transport))
-        except ValueError as error:
+            comm = stack.enter_context(collectives.init(transport, device=args.device))
+        except collectives.CollectiveError as error:
             raise LookupError(f"ringcc cannot open the {transport!r} transport here: {error}")
         name = f"ringcc:{comm.transport}"
         if any(impl.name == name for impl in impls):
             raise LookupError(f"--transport {','.join(args.transport)} measures {name} twice")
-        impls.append(Impl(name, comm))
+        impls.append(Impl(name, comm, xp=device.array_module(args.device)))
     for peer in args.compare:
         if peer == "gloo":
             try:
@@ -380,6 +395,12 @@ def open_impls(args: argparse.Namespace, world: MPI.Comm,
                 notes.append("gloo: this torch has no Gloo backend; the gloo peer is skipped")
                 continue
             comm = GlooPeer(world)
+        elif peer == "copy":
+            xp = device.array_module(args.device)
+            comm = device.CopyPeer(xp, world.Get_rank())
+            stack.callback(comm.close)
+            impls.append(Impl(peer, comm, xp=xp, reference=True))
+            continue
         else:
             comm = MPIPeer(world)
         stack.callback(comm.close)
@@ -410,6 +431,8 @@ def measure(impl: Impl, collective: Collective, send: numpy.ndarray, recv: numpy
     rank, elements wrong summed over ranks or None when unchecked)."""
     from mpi4py import MPI
 
+    send, recv, own = device.mirror(impl.xp, send, recv, own)
+
     def call() -> None:
         collective.run(impl.comm, send, recv, op, root)
 
@@ -419,13 +442,16 @@ def measure(impl: Impl, collective: Collective, send: numpy.ndarray, recv: numpy
         if recv is not send:
             poison(recv, expected)
         call()
-        wrong = int(reduce_scalar(world, count_wrong(recv, expected, world.size), MPI.SUM))
+        wrong = int(reduce_scalar(world, count_wrong(device.host(recv), expected, world.size),
+                                  MPI.SUM))
     for _ in range(args.warmup_iters):
         call()
+    device.synchronize(impl.xp)
     settle(world.Ibarrier())
     start = time.perf_counter()
     for _ in range(args.iters):
         call()
+    device.synchronize(impl.xp)
     elapsed = (time.perf_counter() - start) / args.iters
     return reduce_scalar(world, elapsed, MPI.MAX) * 1e6, wrong
 
@@ -447,13 +473,14 @@ def measure_size(collective: Collective, impls: list[Impl], count: int, dtype: s
         if dtype not in impl.dtypes:
             measured[impl.name] = None
             continue
-        time_us, wrong = measure(impl, collective, send, recv, own, expected, op, root, args,
-                                 world)
+        time_us, wrong = measure(impl, collective, send, recv, own,
+                                 None if impl.reference else expected, op, root, args, world)
         algbw = nbytes / time_us / 1e3
+        factor = 1.0 if impl.reference else collective.bus_factor(ranks)
         measured[impl.name] = {
             "impl": impl.name, "collective": collective.name, "ranks": ranks, "bytes": nbytes,
             "count": count, "dtype": dtype, "op": op, "root": root, "time_us": time_us,
-            "algbw_GBps": algbw, "busbw_GBps": algbw * collective.bus_factor(ranks),
+            "algbw_GBps": algbw, "busbw_GBps": algbw * factor,
             "wrong": wrong}
     return measured
 
@@ -481,6 +508,7 @@ def versions(impls: list[Impl]) -> dict[str, str]:
         import torch
 
         out["torch"] = torch.__version__
+    out.update(device.versions(impls[0].xp))
     return out
 
 
@@ -554,6 +582,7 @@ def summary(rows: list[dict], impls: list[Impl]) -> str:
         if mine:
             label = "# Avg bus bandwidth    :" if k == 0 else "#" + " " * 23
             lines.append(f"{label} {sum(mine) / len(mine):.4f} GB/s  {impl.name}")
+    lines += device.ceilings(rows, [impl.name for impl in impls if impl.name.startswith("ringcc:")])
     return "\n".join(lines)
 
 

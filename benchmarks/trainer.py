@@ -56,7 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=20, help="timed steps per round")
     parser.add_argument("--rounds", type=int, default=5, help="rounds (the median is shown)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first")
-    parser.add_argument("--transport", choices=collectives.TRANSPORTS, default="auto")
+    parser.add_argument("--transport", default="auto",
+                        choices=[t for t in collectives.TRANSPORTS if t != "cuda_ipc"])
     parser.add_argument("--bucket-mb", type=float, default=25.0, help="for both trainers")
     parser.add_argument("--no-overlap", action="store_true", help="this trainer's overlap off")
     parser.add_argument("--profile", action="store_true",

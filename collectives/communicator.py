@@ -108,6 +108,11 @@ class Communicator:
         return self._transport.name
 
     @property
+    def device(self) -> str:
+        """The arrays this communicator moves: "cpu" (NumPy) or "cuda" (CuPy)."""
+        return "cpu" if self._transport.xp is numpy else "cuda"
+
+    @property
     def stats(self) -> Stats:
         """Bytes and messages this rank has moved; `comm.stats.reset()` starts again."""
         return self._transport.stats

@@ -577,8 +577,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--root", type=int, help="root rank (broadcast, scatter, "
                         "reduce_broadcast)")
     parser.add_argument("--op", choices=list(REDUCE), help="reduction (default sum)")
-    parser.add_argument("--transport", default="threads",
-                        choices=["threads", *collectives.TRANSPORTS])
+    host_transports = [t for t in collectives.TRANSPORTS if t != "cuda_ipc"]  # NumPy data
+    parser.add_argument("--transport", default="threads", choices=["threads", *host_transports])
     parser.add_argument("--segment-bytes", type=int, help="pipelining segment (default: the "
                         "whole buffer; for broadcast, the buffer cut in N so its pipeline shows)")
     parser.add_argument("--svg", metavar="FILE", help="draw the schedule as an animated SVG")

@@ -28,6 +28,7 @@ import collectives
 
 SMALL_SEGMENT = 4096  # many segments per chunk on small buffers
 COUNTS = (0, 1, 2, 7, 97, 1009, 20011)  # empty, below the rank count, primes
+# (layout, flag): the flag is in_place for all-reduce, given (a recvbuf passed) for all-gather
 LAYOUTS = (("flat", False), ("matrix", True), ("strided", False), ("strided", True))
 
 
@@ -187,7 +188,7 @@ def lifecycle_scenario() -> None:
     # Ordered on the caller's stream, whichever it is: a non-blocking one here.
     with cupy.cuda.Stream(non_blocking=True):
         work = cupy.arange(1 << 20, dtype=cupy.float64) * (rank + 1)
-        comm.all_reduce(work)
+        assert comm.all_reduce(work, work) is work
         expected = numpy.arange(1 << 20, dtype=numpy.float64) * (size * (size + 1) // 2)
         assert numpy.array_equal(work.get(), expected)
 

@@ -109,6 +109,14 @@ def test_the_trainer_on_cuda_without_a_gpu_exits_with_the_reason():
     assert "python -m trainer: device='cuda' needs" in result.stderr, result.stderr
 
 
+@needs_no_gpu
+def test_the_benchmark_on_cuda_ipc_without_a_gpu_says_why():
+    job = mpiexec(1, "-m", "benchmarks.all_reduce", "--transport", "cuda_ipc", timeout=120,
+                  check=False)
+    assert job.returncode == 2
+    assert "ringcc cannot open the 'cuda_ipc' transport here: device='cuda' needs" in job.stderr
+
+
 @pytest.mark.parametrize("transport, device_, message", [
     ("shm", "cuda", "the shm transport moves host memory"),
     ("cuda_ipc", "cpu", "the cuda_ipc transport moves CuPy arrays"),

@@ -183,9 +183,12 @@ def test_a_rank_that_does_not_come_is_named_by_the_timeout(tmp_path, transport, 
 
 
 def assert_only_noticed_rank_1(raised: dict[int, str]) -> None:
-    """A rank that saw rank 1 go before mpiexec ended the job says so (shm watches pids)."""
+    """A rank that saw rank 1 go before mpiexec ended the job says so (shm watches pids); on
+    a loaded machine its own timeout may come before the end of the job, and it says that."""
     for rank, message in raised.items():
-        assert rank != 1 and message.startswith(f"PeerFailedError: rank {rank}: rank 1 "), message
+        assert rank != 1, message
+        assert message.startswith((f"PeerFailedError: rank {rank}: rank 1 ",
+                                   f"TimeoutError: rank {rank} waited {TIMEOUT} s")), message
 
 
 @pytest.mark.parametrize("transport", POOL_TRANSPORTS)

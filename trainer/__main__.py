@@ -28,6 +28,7 @@ import numpy
 
 import collectives
 from collectives import Communicator, chunk_bounds
+from collectives.communicator import array_module
 
 from .data import DATASETS, Dataset, DistributedSampler, load
 from .ddp import DistributedDataParallel
@@ -139,7 +140,8 @@ def host(array: Any) -> numpy.ndarray:
 def evaluate(model: Module, x: Any, y: Any, comm: Communicator) -> float:
     """Accuracy on (x, y): each rank scores a slice, the counts are summed."""
     lo, hi = chunk_bounds(len(y), comm.size)[comm.rank]
-    correct = numpy.zeros(1, numpy.int64)
+    xp = array_module(y)  # the arrays the communicator moves
+    correct = xp.zeros(1, xp.int64)
     if hi > lo:
         logits = model(Tensor(x[lo:hi])).data
         correct[0] = int((logits.argmax(axis=1) == y[lo:hi]).sum())
@@ -178,21 +180,18 @@ def load_checkpoint(path: Path, model: Module, optimizer: SGD, config: dict) -> 
     return Position(**meta["position"])
 
 
-def array_module(device: str, comm: Communicator) -> ModuleType:
-    """numpy, or cupy with one GPU per rank (round robin) for --device cuda."""
+def device_module(device: str) -> ModuleType:
+    """numpy, or cupy for --device cuda (`collectives.init` has made this rank's GPU current)."""
     if device == "cpu":
         return numpy
-    try:
-        import cupy
-    except ImportError:
-        raise SystemExit("--device cuda needs CuPy: pip install 'ringcc[cuda12]' (or cuda13)")
-    cupy.cuda.Device(comm.rank % cupy.cuda.runtime.getDeviceCount()).use()
+    import cupy
+
     return cupy
 
 
 def train(args: argparse.Namespace, comm: Communicator) -> dict:
     """Run the whole training; returns the metrics (on every rank)."""
-    xp = array_module(args.device, comm)
+    xp = device_module(args.device)
     data: Dataset = load(args.dataset, args.data_dir)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     model = MLP([data.features, *args.hidden, data.classes], seed=args.seed, xp=xp)
@@ -244,7 +243,7 @@ def train(args: argparse.Namespace, comm: Communicator) -> dict:
         bar.close()
         position.seconds += time.perf_counter() - start
         position.comm_s += ddp.comm_seconds - comm_start
-        losses = comm.all_reduce(numpy.array([float(local_loss)]))
+        losses = comm.all_reduce(xp.asarray([float(local_loss)]))
         position.loss_sum += float(losses[0]) / comm.size
         finished = position.step == len(batches)
         entry = {"epoch": position.epoch + 1,
@@ -279,7 +278,11 @@ def train(args: argparse.Namespace, comm: Communicator) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    with collectives.init(transport=args.transport) as comm:
+    try:
+        comm = collectives.init(transport=args.transport, device=args.device)
+    except collectives.CollectiveError as error:  # no CuPy or no GPU, for one
+        raise SystemExit(f"python -m trainer: {error}")
+    with comm:
         try:
             train(args, comm)
         except Exception:

@@ -105,8 +105,7 @@ class DistributedDataParallel(Module):
         self._thread: threading.Thread | None = None
         if comm.size == 1:  # nothing to average: the wrapper stays out of the way
             return
-        if self.buckets and self.buckets[0].params[0].xp is not numpy \
-                and comm.transport != "cuda_ipc":
+        if self.buckets and self.buckets[0].params[0].xp is not numpy and comm.device == "cpu":
             for bucket in self.buckets:  # stage device gradients through host memory
                 bucket.host = numpy.empty(bucket.flat.shape, bucket.flat.dtype)
         self._broadcast_parameters()

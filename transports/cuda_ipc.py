@@ -13,7 +13,7 @@ where the data lives, and how it is copied and reduced, differ:
               caller's communicator; every rank opens its peers' handles with
               cudaIpcOpenMemHandle and reads their memory through the pointer it gets back.
               A process cannot open its own handle, so a rank uses its own memory directly
-    copies    cudaMemcpyAsync, and the reduction a CuPy ufunc `op(acc, slot, out=acc)`
+    copies    cudaMemcpyAsync, and the reduction a CuPy ufunc `op(mine, slot, out=acc)`
               reading the peer's slot in place, both on the caller's current stream
 
 Ordering: flags in host shared memory plus stream synchronisation. A copy or reduction that
@@ -23,6 +23,10 @@ counted consumed only once the kernel that read it has finished, so a sender nev
 a slot still being read. Device memory written by a finished kernel is visible to every
 process that maps it. A one-shot call also synchronises the device first: the previous call's
 reads of peers' areas, queued by the algorithm, may sit on another stream than this call's.
+(Interprocess CUDA events, recorded after the writer's copy and waited on by the reader's
+stream, would let copies run ahead of the CPU; they need an event per slot and per reader,
+opened across processes, where flags and synchronisation need nothing new. The cost is one
+synchronisation per segment on each side, which large segments amortise.)
 
 Lifetime: `close` waits for this rank's kernels, unmaps every peer's memory, and frees its own
 only after a barrier, so that no peer still maps it. If a peer does not reach the barrier
@@ -87,9 +91,9 @@ class CudaIpcTransport(ShmTransport):
     """Ranks of `comm` (default `MPI.COMM_WORLD`), all on one node, moving CuPy arrays."""
 
     name = "cuda_ipc"
-    # Not measured yet (no GPU where this was written): large slots, since every segment
-    # costs a stream synchronisation on each side; one-shot below 1 MiB, where the ring's
-    # 2(N-1) steps of synchronisations cost more than one exchange.
+    # Chosen, not yet measured: large slots, since every segment costs a stream
+    # synchronisation on each side; one-shot up to 1 MiB, where the ring's 2(N-1) steps of
+    # synchronisations cost more than one exchange.
     default_segment_bytes = 16 << 20
     default_one_shot_bytes = 1 << 20
     data_on_host = False  # slots and one-shot areas live in device memory
@@ -151,8 +155,8 @@ class CudaIpcTransport(ShmTransport):
     def _copy(self, dst: Any, src: Any) -> None:
         copy_bytes(dst, src)
 
-    def _reduce(self, op: ReduceOp, acc: Any, src: Any) -> None:
-        op(acc, src, out=acc)
+    def _reduce(self, op: ReduceOp, out: Any, mine: Any, theirs: Any) -> None:
+        op(mine, theirs, out=out)
         self.xp.cuda.get_current_stream().synchronize()
 
     def _all_inputs(self, buf: Any) -> list[Any]:
@@ -179,14 +183,17 @@ class CudaIpcTransport(ShmTransport):
             pass  # a failed kernel left the context unusable; what follows only releases
         self._data, self._slots, self._areas = [], [], []  # no view outlives its mapping
         self._unmap_peers()
+        kept, self._memory = self._memory, None  # kept until every peer has unmapped it
         timeout, self.timeout = self.timeout, min(self.timeout, CLOSE_TIMEOUT_S)
         try:
-            self.barrier()  # every peer has unmapped our memory
+            self.barrier()
+            kept = None  # freed now
         except CollectiveError:
-            _kept.append(self._memory)  # a peer may still map it: keep it until exit
+            pass  # a peer did not come: keep the memory until exit
         finally:
+            if kept is not None:
+                _kept.append(kept)
             self.timeout = timeout
-            self._memory = None
             super().close()
 
 

@@ -2,7 +2,11 @@
 
 The transport works on a `Dup` of the caller's communicator, so its messages can never match
 the caller's own. Payloads travel as raw bytes with uppercase (buffer) methods: nothing is
-pickled, any dtype works, and the reduction happens in NumPy after the bytes land.
+pickled, any dtype works, and the reduction happens in NumPy (or CuPy) after the bytes land.
+
+CuPy arrays go to MPI as they are when the MPI library takes device memory (`cuda_aware`);
+otherwise each segment is staged through pinned host memory: copied down, sent, received,
+and copied (or reduced) up on the device. The PyPI MPI wheels are not CUDA-aware.
 
 Waits poll `Test` and yield the CPU between polls (see `Transport.wait`) rather than block in
 MPI: MPICH busy-polls inside a blocking call, which starves the peer we are waiting for when
@@ -11,6 +15,7 @@ ranks outnumber cores.
 
 from __future__ import annotations
 
+import ctypes
 import os
 from typing import Any
 
@@ -36,6 +41,27 @@ def oversubscribed(comm: MPI.Comm) -> bool:
         node.Free()
 
 
+def cuda_aware(comm: MPI.Comm) -> bool:
+    """Whether the MPI library takes CUDA device buffers.
+
+    Yes when MPI 4.1's memory allocation kinds name CUDA device memory, or when the
+    MPIX_Query_cuda_support extension (Open MPI, MPICH) says so. $RINGCC_MPI_CUDA=0 or 1
+    overrides the answer (to test one path or the other).
+    """
+    forced = os.environ.get("RINGCC_MPI_CUDA")
+    if forced in ("0", "1"):
+        return forced == "1"
+    info = comm.Get_info()
+    try:
+        kinds = (info.Get("mpi_memory_alloc_kinds") or "").split(",")
+    finally:
+        info.Free()
+    if "cuda" in kinds or "cuda:device" in kinds:
+        return True
+    query = getattr(ctypes.CDLL(MPI.__file__), "MPIX_Query_cuda_support", None)
+    return query is not None and query() == 1
+
+
 class MPITransport(Transport):
     """Point-to-point over a duplicate of `comm` (default `MPI.COMM_WORLD`)."""
 
@@ -49,16 +75,30 @@ class MPITransport(Transport):
         super().__init__(self.comm.Get_rank(), self.comm.Get_size(), **options)
         if oversubscribed(self.comm):
             self.spin = 0
-        # Two segments of scratch: one is reduced while the next one arrives. (A segment holds
-        # at least one element, and no dtype is wider than 64 bytes.)
+        # Two segments of scratch, where the reduction runs: one is reduced while the next one
+        # arrives. (A segment holds at least one element, and no dtype is wider than 64 bytes.)
         nbytes = max(self.segment_bytes, 64)
-        self._scratch = [numpy.empty(nbytes, numpy.uint8) for _ in range(2)]
+        self._scratch = [self.xp.empty(nbytes, numpy.uint8) for _ in range(2)]
+        self.staged = self.xp is not numpy and not cuda_aware(self.comm)
+        if self.staged:
+            from .cuda_ipc import pinned_empty
+
+            self._host = [pinned_empty(nbytes) for _ in range(2)]  # outgoing, incoming
 
     def _wait_all(self, requests: list[MPI.Request], peer: int | None, what: str) -> None:
         self.wait(lambda: MPI.Request.Testall(requests), peer, what)
 
+    def _ready(self) -> None:
+        """Before MPI reads or writes device memory, let the kernels queued on it finish."""
+        if self.xp is not numpy:
+            self.xp.cuda.get_current_stream().synchronize()
+
     def _sendrecv(self, sendbuf: Any | None, dst: int | None,
                   recvbuf: Any | None, src: int | None) -> None:
+        if self.staged:
+            self._staged(sendbuf, dst, recvbuf, src, None, None)
+            return
+        self._ready()
         requests = []
         if recvbuf is not None:
             requests.append(self.comm.Irecv(_bytes(recvbuf), src, TAG))
@@ -68,6 +108,10 @@ class MPITransport(Transport):
 
     def _sendrecv_reduce(self, sendbuf: Any | None, dst: int | None,
                          accbuf: Any, src: int, op: ReduceOp, inbuf: Any) -> None:
+        if self.staged:
+            self._staged(sendbuf, dst, accbuf, src, op, inbuf)
+            return
+        self._ready()
         # The receiver cuts the message into segments that fit its scratch, so the sender
         # sends the same segments as separate messages (MPI keeps them in order).
         itemsize = accbuf.itemsize
@@ -86,21 +130,60 @@ class MPITransport(Transport):
             self._wait_all([receives[k]], src, "a segment")
             op(inbuf[lo:hi], scratch[k % 2][: hi - lo], out=accbuf[lo:hi])
             if k + 2 < len(pieces):
+                self._ready()  # the reduction has read the scratch the next segment lands in
                 receives.append(post(k + 2))
         self._wait_all(sends, dst, "a send to complete")
 
+    def _staged(self, sendbuf: Any | None, dst: int | None, recvbuf: Any | None,
+                src: int | None, op: ReduceOp | None, inbuf: Any | None) -> None:
+        """Device arrays through pinned host memory, a segment at a time: copy one down and send
+        it while the matching one arrives, then copy that up (or, with `op`, reduce it with
+        `inbuf` into `recvbuf`).
+
+        Both sides cut a message into the same segments, so they match message by message.
+        """
+        from .cuda_ipc import copy_bytes
+
+        outgoing, incoming = self._host
+        sends = [] if sendbuf is None else segments(sendbuf.size, sendbuf.itemsize,
+                                                    self.segment_bytes)
+        receives = [] if recvbuf is None else segments(recvbuf.size, recvbuf.itemsize,
+                                                       self.segment_bytes)
+        for k in range(max(len(sends), len(receives))):
+            requests = []
+            if k < len(receives):
+                lo, hi = receives[k]
+                landed = incoming[: (hi - lo) * recvbuf.itemsize]
+                requests.append(self.comm.Irecv([landed, MPI.BYTE], src, TAG))
+            if k < len(sends):
+                lo, hi = sends[k]
+                out = outgoing[: (hi - lo) * sendbuf.itemsize]
+                copy_bytes(out, sendbuf[lo:hi])
+                requests.append(self.comm.Isend([out, MPI.BYTE], dst, TAG))
+            self._wait_all(requests, src if k < len(receives) else dst, "a segment")
+            if k < len(receives):
+                lo, hi = receives[k]
+                if op is None:
+                    copy_bytes(recvbuf[lo:hi], landed)
+                else:  # the next copy up waits, on the same stream, for this reduction
+                    scratch = self._scratch[0][: landed.size].view(recvbuf.dtype)
+                    copy_bytes(scratch, landed)
+                    op(inbuf[lo:hi], scratch, out=recvbuf[lo:hi])
+
     def _all_inputs(self, buf: Any) -> list[Any]:
         """Post every exchange at once, then wait for each peer in turn (so a timeout names the
-        first one missing): about one message time instead of the default's N-1."""
-        inputs = [numpy.empty_like(buf) for _ in range(self.size)]
-        inputs[self.rank][...] = buf
+        first one missing): about one message time instead of the default's N-1. Device
+        inputs, which are small, travel as host copies."""
+        host = buf if self.xp is numpy else buf.get()
+        inputs = [numpy.empty_like(host) for _ in range(self.size)]
+        inputs[self.rank][...] = host
         peers = [r for r in range(self.size) if r != self.rank]
         receives = [self.comm.Irecv(_bytes(inputs[r]), r, TAG) for r in peers]
-        sends = [self.comm.Isend(_bytes(buf), r, TAG) for r in peers]
+        sends = [self.comm.Isend(_bytes(host), r, TAG) for r in peers]
         for peer, request in zip(peers, receives):
             self._wait_all([request], peer, "a message")
         self._wait_all(sends, None, "its sends to complete")
-        return inputs
+        return inputs if self.xp is numpy else [self.xp.asarray(i) for i in inputs]
 
     def _barrier(self) -> None:
         request = self.comm.Ibarrier()
