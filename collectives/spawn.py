@@ -33,15 +33,15 @@ def spawn(fn: Callable[..., Any], size: int, *args: Any, segment_bytes: int | No
     lock = threading.Lock()
 
     def run(rank: int) -> None:
-        transport = ThreadTransport(group, rank, segment_bytes=segment_bytes,
-                                    one_shot_bytes=one_shot_bytes, timeout=timeout)
-        with Communicator(transport, trace=trace, check=check) as comm:
-            try:
+        try:
+            transport = ThreadTransport(group, rank, segment_bytes=segment_bytes,
+                                        one_shot_bytes=one_shot_bytes, timeout=timeout)
+            with Communicator(transport, trace=trace, check=check) as comm:
                 results[rank] = fn(comm, *args)
-            except BaseException as error:  # noqa: BLE001 - handed to the caller below
-                with lock:
-                    failures.append((rank, error))
-                group.fail()
+        except BaseException as error:  # noqa: BLE001 - handed to the caller below
+            with lock:
+                failures.append((rank, error))
+            group.fail()
 
     threads = [threading.Thread(target=run, args=(rank,), name=f"rank-{rank}", daemon=True)
                for rank in range(size)]

@@ -130,3 +130,23 @@ def test_the_readme_one_liner_on_three_ranks():
     del env["PYTHONUNBUFFERED"]  # each rank then writes its line whole, at exit
     lines = sorted(mpiexec(3, "-c", code, timeout=60, env=env).stdout.splitlines())
     assert lines == [f"{rank} [ 0.  6. 12. 18. 24.]" for rank in range(3)]
+
+
+@pytest.mark.parametrize("option", [{"segment_bytes": 0}, {"timeout": 0}, {"one_shot_bytes": -1}])
+def test_nonsense_options_are_refused_not_replaced_by_defaults(option):
+    with pytest.raises(ValueError, match=f"{next(iter(option))} must be"):
+        collectives.spawn(lambda comm: None, 2, **option)
+
+
+@pytest.mark.parametrize("transport", ["mpi", "shm"])
+def test_ranks_that_would_cut_messages_differently_are_refused_on_every_rank(transport):
+    code = ("import collectives\nfrom mpi4py import MPI\n"
+            "rank = MPI.COMM_WORLD.Get_rank()\n"
+            "try:\n"
+            f"    collectives.init({transport!r}, segment_bytes=4096 * (rank + 1))\n"
+            "except collectives.InvalidArgumentError as error:\n"
+            "    print('refused:', error)\n")
+    out = mpiexec(2, "-c", code, timeout=60).stdout  # the two ranks' lines may interleave
+    assert out.count("refused:") == 2, out
+    assert out.count("segment_bytes and one_shot_bytes must be the same on every rank; got, by "
+                     "rank: 0: 4096,") == 2, out

@@ -25,7 +25,7 @@ import numpy
 
 from .errors import TimeoutError
 
-# A reduction is a binary ufunc of the array module: op(acc, incoming, out=acc).
+# A reduction is a binary ufunc of the array module: op(mine, incoming, out=acc).
 ReduceOp = Callable[..., Any]
 
 DEFAULT_SEGMENT_BYTES = 1 << 20
@@ -79,8 +79,9 @@ class Transport(ABC):
         self.rank = rank
         self.size = size
         self.xp = xp
-        self.segment_bytes = int(segment_bytes or os.environ.get("RINGCC_SEGMENT_BYTES",
-                                                                 self.default_segment_bytes))
+        if segment_bytes is None:
+            segment_bytes = os.environ.get("RINGCC_SEGMENT_BYTES", self.default_segment_bytes)
+        self.segment_bytes = int(segment_bytes)
         if self.segment_bytes < 1:
             raise ValueError(f"segment_bytes must be positive, got {self.segment_bytes}")
         if one_shot_bytes is None:  # 0 is a real setting (always the ring), so test for None
@@ -88,7 +89,11 @@ class Transport(ABC):
         self.one_shot_bytes = int(one_shot_bytes)
         if self.one_shot_bytes < 0:
             raise ValueError(f"one_shot_bytes must be >= 0, got {self.one_shot_bytes}")
-        self.timeout = float(timeout or os.environ.get("RINGCC_TIMEOUT", DEFAULT_TIMEOUT_S))
+        if timeout is None:
+            timeout = os.environ.get("RINGCC_TIMEOUT", DEFAULT_TIMEOUT_S)
+        self.timeout = float(timeout)
+        if self.timeout <= 0:
+            raise ValueError(f"timeout must be positive, got {self.timeout}")
         # Polls before a wait first yields the CPU; 0 where ranks outnumber cores, since then
         # the rank we wait for may be waiting for our core.
         self.spin = 50
@@ -145,7 +150,7 @@ class Transport(ABC):
 
         Every rank calls it with a flat buffer of the same size and dtype. The arrays returned
         never alias `buf` (so `buf` may be overwritten while they are read), and stay valid
-        until this rank's next call of `all_inputs`.
+        only until this rank's next collective: read them before returning.
         """
         if buf.ndim != 1 or not buf.flags.c_contiguous:
             raise ValueError("transports move flat contiguous arrays only")
@@ -187,7 +192,7 @@ class Transport(ABC):
             out = sendbuf[slice(*sent[k])] if k < len(sent) else None
             if k < len(pieces):
                 lo, hi = pieces[k]
-                self._sendrecv(out, dst if out is not None else None, scratch[: hi - lo], src)
+                self._sendrecv(out, dst, scratch[: hi - lo], src)
                 op(inbuf[lo:hi], scratch[: hi - lo], out=accbuf[lo:hi])
             else:
                 self._sendrecv(out, dst, None, None)

@@ -23,6 +23,7 @@ import numpy
 from mpi4py import MPI
 
 from .base import ReduceOp, Transport, segments
+from .errors import InvalidArgumentError
 
 TAG = 17
 
@@ -39,6 +40,17 @@ def oversubscribed(comm: MPI.Comm) -> bool:
         return node.Get_size() > len(cores)
     finally:
         node.Free()
+
+
+def check_same_options(comm: MPI.Comm, transport: Transport) -> None:
+    """Every rank must cut messages into the same segments and choose the same all-reduce path:
+    a rank whose `segment_bytes` or `one_shot_bytes` (arguments or environment) differ would
+    read its peers' messages wrongly or wait for messages that never come."""
+    chosen = comm.allgather((transport.segment_bytes, transport.one_shot_bytes))
+    if len(set(chosen)) > 1:
+        raise InvalidArgumentError(
+            "segment_bytes and one_shot_bytes must be the same on every rank; got, by rank: "
+            + ", ".join(f"{r}: {s}, {o}" for r, (s, o) in enumerate(chosen)))
 
 
 def cuda_aware(comm: MPI.Comm) -> bool:
@@ -72,18 +84,23 @@ class MPITransport(Transport):
 
     def __init__(self, comm: MPI.Comm | None = None, **options: Any) -> None:
         self.comm = (comm if comm is not None else MPI.COMM_WORLD).Dup()
-        super().__init__(self.comm.Get_rank(), self.comm.Get_size(), **options)
-        if oversubscribed(self.comm):
-            self.spin = 0
-        # Two segments of scratch, where the reduction runs: one is reduced while the next one
-        # arrives. (A segment holds at least one element, and no dtype is wider than 64 bytes.)
-        nbytes = max(self.segment_bytes, 64)
-        self._scratch = [self.xp.empty(nbytes, numpy.uint8) for _ in range(2)]
-        self.staged = self.xp is not numpy and not cuda_aware(self.comm)
-        if self.staged:
-            from .cuda_ipc import pinned_empty
+        try:
+            super().__init__(self.comm.Get_rank(), self.comm.Get_size(), **options)
+            check_same_options(self.comm, self)
+            if oversubscribed(self.comm):
+                self.spin = 0
+            # Two segments of scratch, where the reduction runs: one is reduced while the next
+            # one arrives. (A segment holds at least one element; no dtype is wider than 64 B.)
+            nbytes = max(self.segment_bytes, 64)
+            self._scratch = [self.xp.empty(nbytes, numpy.uint8) for _ in range(2)]
+            self.staged = self.xp is not numpy and not cuda_aware(self.comm)
+            if self.staged:
+                from .cuda_ipc import pinned_empty
 
-            self._host = [pinned_empty(nbytes) for _ in range(2)]  # outgoing, incoming
+                self._host = [pinned_empty(nbytes) for _ in range(2)]  # outgoing, incoming
+        except BaseException:
+            self.comm.Free()
+            raise
 
     def _wait_all(self, requests: list[MPI.Request], peer: int | None, what: str) -> None:
         self.wait(lambda: MPI.Request.Testall(requests), peer, what)

@@ -51,7 +51,7 @@ from mpi4py import MPI
 
 from .base import ReduceOp, Transport
 from .errors import CollectiveError, MismatchError, PeerFailedError
-from .mpi import oversubscribed
+from .mpi import check_same_options, oversubscribed
 
 SHM_DIR = "/dev/shm"
 LINE = 64  # bytes: a cache line, one counter each
@@ -154,6 +154,7 @@ class ShmTransport(Transport):
             if not on_one_node(self.comm):
                 raise CollectiveError("the shm transport needs every rank on one node, but these "
                                       "ranks span nodes; use transport='mpi' or 'auto'")
+            check_same_options(self.comm, self)
             if oversubscribed(self.comm):
                 self.spin = 0
             self._setup()
