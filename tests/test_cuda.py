@@ -16,6 +16,7 @@ import pytest
 
 import collectives
 from benchmarks import device
+from gpu import MISSING, needs_gpu
 from launch import ROOT, mpiexec, rank_env
 
 DRIVER = str(Path(__file__).with_name("cuda_driver.py"))
@@ -23,21 +24,6 @@ DRIVER = str(Path(__file__).with_name("cuda_driver.py"))
 GPU_TIMEOUT = 600
 
 
-def gpu_missing() -> str | None:
-    """Why the GPU tests cannot run here, or None when they can."""
-    try:
-        import cupy
-    except ImportError:
-        return "CuPy is not installed (pip install 'ringcc[cuda12]')"
-    try:
-        count = cupy.cuda.runtime.getDeviceCount()
-    except cupy.cuda.runtime.CUDARuntimeError as error:
-        return f"CuPy finds no CUDA device ({error})"
-    return None if count else "CuPy finds no CUDA device"
-
-
-MISSING = gpu_missing()
-needs_gpu = pytest.mark.skipif(MISSING is not None, reason=f"needs a GPU: {MISSING}")
 needs_no_gpu = pytest.mark.skipif(MISSING is None, reason="a GPU is present here")
 
 

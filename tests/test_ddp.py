@@ -17,6 +17,7 @@ from trainer.ddp import DistributedDataParallel, make_buckets
 from trainer.nn import MLP, Linear, Module
 from trainer.optim import SGD
 from trainer.tensor import Tensor, cross_entropy
+from gpu import needs_gpu
 
 SIZES = [6, 5, 4, 3]
 
@@ -185,12 +186,10 @@ def test_one_rank_is_left_alone_and_bad_bucket_sizes_are_refused():
     assert collectives.spawn(body, 1) == [([], 0.0)]
 
 
+@needs_gpu
 def test_cupy_parameters_travel_through_host_memory():
-    cupy = pytest.importorskip("cupy", reason="CuPy is not installed")
-    try:
-        cupy.cuda.runtime.getDeviceCount()
-    except cupy.cuda.runtime.CUDARuntimeError:
-        pytest.skip("no CUDA device")
+    import cupy
+
 
     def body(comm, xp):
         model = MLP(SIZES, seed=comm.rank, xp=xp, dtype=numpy.float64)

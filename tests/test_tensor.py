@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import array_shapes, mutually_broadcastable_shapes
 
 from trainer.tensor import Tensor, cross_entropy
+from gpu import needs_gpu
 
 EPS = 1e-6
 checked = settings(max_examples=40, deadline=None)  # each example differentiates numerically
@@ -219,12 +220,10 @@ def test_deep_graphs_do_not_recurse():
     numpy.testing.assert_allclose(a.grad, [1.0])
 
 
+@needs_gpu
 def test_cupy_matches_numpy():
-    cupy = pytest.importorskip("cupy", reason="CuPy is not installed")
-    try:
-        cupy.cuda.runtime.getDeviceCount()
-    except cupy.cuda.runtime.CUDARuntimeError:
-        pytest.skip("no CUDA device")
+    import cupy
+
     x, w, b = data(7, (6, 4), (4, 3), (3,))
     targets = numpy.array([0, 1, 2, 2, 1, 0])
     grads = []

@@ -21,6 +21,7 @@ from trainer.data import DistributedSampler, mnist, read_idx, synthetic
 from trainer.nn import MLP, Linear
 from trainer.optim import SGD
 from trainer.tensor import Tensor
+from gpu import needs_gpu
 
 # ---- modules and SGD ----------------------------------------------------------------------
 
@@ -310,12 +311,8 @@ def test_plain_python_trains_digits_by_default(tmp_path):
     assert metrics["test_accuracy"] > 0.9
 
 
+@needs_gpu
 def test_cuda_device_trains_like_the_cpu(mnist_dir, tmp_path):
-    cupy = pytest.importorskip("cupy", reason="CuPy is not installed")
-    try:
-        cupy.cuda.runtime.getDeviceCount()
-    except cupy.cuda.runtime.CUDARuntimeError:
-        pytest.skip("no CUDA device")
     options = [*small_run(mnist_dir), "--epochs", "2"]
     cpu = train(2, tmp_path / "cpu", *options)
     gpu = train(2, tmp_path / "gpu", *options, "--device", "cuda")
