@@ -11,7 +11,8 @@ import sys
 
 import numpy
 
-from .harness import Collective, main
+from .harness import main
+from .options import Collective
 
 
 def run(comm, send: numpy.ndarray, recv: numpy.ndarray, op: str, root: int) -> None:

@@ -3,7 +3,7 @@
 With `--device cuda` ringcc's communicators move CuPy arrays. The harness makes every buffer on
 the host; an implementation that moves CuPy arrays gets copies of them on the device
 (`mirror`), its clock stops only once the device has finished (`synchronize`), and its result
-comes back to the host to be checked (`host`).
+comes back to the host to be checked (`collectives.to_numpy`).
 
 `--compare copy` adds `CopyPeer`: rank 0 copies a buffer of the same size while the other
 ranks wait, so its row is the bandwidth of one plain copy on the device (the host's, with
@@ -23,15 +23,6 @@ from typing import Any
 import numpy
 
 
-def array_module(device: str) -> ModuleType:
-    """numpy for "cpu", cupy for "cuda" (`collectives.init` has made this rank's GPU current)."""
-    if device == "cpu":
-        return numpy
-    import cupy
-
-    return cupy
-
-
 def mirror(xp: ModuleType, send: numpy.ndarray, recv: numpy.ndarray,
            own: numpy.ndarray) -> tuple[Any, Any, Any]:
     """The harness's host buffers as arrays of `xp` (themselves for NumPy). A collective that
@@ -40,11 +31,6 @@ def mirror(xp: ModuleType, send: numpy.ndarray, recv: numpy.ndarray,
         return send, recv, own
     on_device = xp.asarray(send)
     return on_device, on_device if recv is send else xp.asarray(recv), xp.asarray(own)
-
-
-def host(array: Any) -> numpy.ndarray:
-    """A NumPy array with the values of a NumPy or CuPy array."""
-    return array if isinstance(array, numpy.ndarray) else array.get()
 
 
 def synchronize(xp: ModuleType) -> None:

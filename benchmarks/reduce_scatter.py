@@ -13,7 +13,9 @@ import sys
 
 import numpy
 
-from .harness import Collective, main, reduce_ranks
+from .harness import main
+from .measure import reduce_ranks
+from .options import Collective
 
 
 def run(comm, send: numpy.ndarray, recv: numpy.ndarray, op: str, root: int) -> None:

@@ -2,9 +2,10 @@
 
     python -m benchmarks.sweep [--mpiexec PATH] [--ranks 2,4] [--out bench-results]
 
-Each collective runs as its own MPI job per rank count, measuring ringcc on every transport this
-build has (shm first when it exists, then mpi) with --compare mpi,gloo, and writes
-<out>/<collective>-<ranks>.json and .csv; then <out>/<collective>.png plots both rank counts.
+Each collective runs as its own MPI job per rank count, measuring ringcc on every transport that
+moves NumPy arrays under mpiexec, the preferred first (shm, then mpi), with --compare mpi,gloo,
+and writes <out>/<collective>-<ranks>.json and .csv; then <out>/<collective>.png plots both rank
+counts.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import collectives
+from transports import registry
 
 from .plot import plot
 
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    transports = ",".join(t for t in ("shm", "mpi") if t in collectives.TRANSPORTS)
+    transports = ",".join(registry.names(device="cpu"))  # the preferred, the main one, first
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     failed = []
     for name in COLLECTIVES:

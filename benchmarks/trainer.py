@@ -42,6 +42,7 @@ from trainer.ddp import DistributedDataParallel
 from trainer.nn import MLP
 from trainer.optim import SGD
 from trainer.tensor import Tensor, cross_entropy
+from transports import registry
 
 SIZES = [784, 1024, 1024, 10]
 ALONE = "ringcc, rank 0 alone"
@@ -57,7 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=5, help="rounds (the median is shown)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     parser.add_argument("--transport", default="auto",
-                        choices=[t for t in collectives.TRANSPORTS if t != "cuda_ipc"])
+                        choices=["auto", *registry.names(device="cpu")])
     parser.add_argument("--bucket-mb", type=float, default=25.0, help="for both trainers")
     parser.add_argument("--no-overlap", action="store_true", help="this trainer's overlap off")
     parser.add_argument("--profile", action="store_true",
@@ -102,7 +103,7 @@ class Torch:
         import torch
         from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
-        from .harness import GlooPeer
+        from .peers import GlooPeer
 
         self.peer = GlooPeer(MPI.COMM_WORLD)  # one thread per rank, process group over Gloo
         self.torch = torch

@@ -11,20 +11,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from transports.errors import (CollectiveError, InvalidArgumentError, InvalidTypeError,
-                               MismatchError, PeerFailedError, TimeoutError)
+from transports import registry
+from transports.errors import (CollectiveError, CollectiveTimeoutError, InvalidArgumentError,
+                               InvalidTypeError, MismatchError, PeerFailedError, TimeoutError)
 
+from .arrays import array_module_of, module_for_device, to_numpy
 from .chunking import chunk_bounds
-from .communicator import Communicator
+from .communicator import ALL_REDUCE_ALGORITHMS, Communicator
+from .job import guard_job
 from .ops import OPS
 from .spawn import spawn
 
-TRANSPORTS = ("auto", "mpi", "shm", "cuda_ipc")
-DEVICES = ("cpu", "cuda")
+TRANSPORTS = ("auto", *registry.names())  # what `init` takes, from the transport registry
+DEVICES = registry.DEVICES
 
-__all__ = ["init", "spawn", "Communicator", "chunk_bounds", "OPS", "TRANSPORTS", "DEVICES",
-           "CollectiveError", "InvalidArgumentError", "InvalidTypeError", "MismatchError",
-           "PeerFailedError", "TimeoutError"]
+__all__ = ["init", "spawn", "Communicator", "chunk_bounds", "array_module_of",
+           "module_for_device", "to_numpy", "OPS",
+           "TRANSPORTS", "DEVICES", "ALL_REDUCE_ALGORITHMS", "CollectiveError",
+           "CollectiveTimeoutError", "InvalidArgumentError", "InvalidTypeError",
+           "MismatchError", "PeerFailedError", "TimeoutError"]
 
 
 def init(transport: str = "auto", comm: Any = None, *, device: str | None = None,
@@ -35,8 +40,8 @@ def init(transport: str = "auto", comm: Any = None, *, device: str | None = None
 
     transport: "shm" is shared memory among ranks on one node, "cuda_ipc" device memory
         shared among ranks on one node through CUDA IPC, "mpi" point-to-point MPI; "auto"
-        picks, when every rank is on one node, shm for device "cpu" and cuda_ipc for "cuda",
-        else mpi.
+        picks the first of these that moves the device's arrays where the ranks are (shm for
+        "cpu" and cuda_ipc for "cuda" on one node, else mpi; see transports/registry.py).
     device: the arrays the communicator moves: "cpu" NumPy arrays, "cuda" CuPy arrays, with
         GPU r mod (GPUs) made current for the r-th rank of a node (the mpi transport stages
         them through pinned host memory unless the MPI library takes device memory). Default:
@@ -54,39 +59,24 @@ def init(transport: str = "auto", comm: Any = None, *, device: str | None = None
     if transport not in TRANSPORTS:
         raise InvalidArgumentError(f"unknown transport {transport!r}; expected one of "
                                    f"{', '.join(TRANSPORTS)} (use collectives.spawn for threads)")
-    device = device or ("cuda" if transport == "cuda_ipc" else "cpu")
+    if device is None:
+        device = "cpu" if transport == "auto" else registry.info(transport).devices[0]
     if device not in DEVICES:
         raise InvalidArgumentError(f"unknown device {device!r}; expected one of "
                                    f"{', '.join(DEVICES)}")
-    if (transport, device) == ("shm", "cuda"):
-        raise InvalidArgumentError("the shm transport moves host memory; for CuPy arrays "
-                                   "use transport 'cuda_ipc', 'mpi' or 'auto'")
-    if (transport, device) == ("cuda_ipc", "cpu"):
-        raise InvalidArgumentError("the cuda_ipc transport moves CuPy arrays: pass "
-                                   "device='cuda' (or leave it out)")
+    if transport != "auto" and device not in registry.info(transport).devices:
+        serving = ", ".join(["auto", *registry.names(device)])
+        raise InvalidArgumentError(f"the {transport} transport does not move {device} arrays; "
+                                   f"for device={device!r} use one of {serving}")
     from mpi4py import MPI
 
-    from transports.mpi import MPITransport
-    from transports.shm import ShmTransport, on_one_node
-
-    from .job import guard_job
+    from transports.bootstrap import on_one_node
 
     guard_job()
     comm = comm if comm is not None else MPI.COMM_WORLD
     if transport == "auto":
-        transport = ("cuda_ipc" if device == "cuda" else "shm") if on_one_node(comm) else "mpi"
-    options = {"segment_bytes": segment_bytes, "one_shot_bytes": one_shot_bytes,
-               "timeout": timeout}
-    if transport == "cuda_ipc":
-        from transports.cuda_ipc import CudaIpcTransport
-
-        kind = CudaIpcTransport
-    elif transport == "shm":
-        kind = ShmTransport
-    else:
-        kind = MPITransport
-        if device == "cuda":
-            from transports.cuda_ipc import use_gpu
-
-            options["xp"] = use_gpu(comm)
-    return Communicator(kind(comm, **options), trace=trace, check=check)
+        transport = registry.choose(device, on_one_node(comm))
+    kind = registry.load(transport)
+    return Communicator(kind(comm, device=device, segment_bytes=segment_bytes,
+                             one_shot_bytes=one_shot_bytes, timeout=timeout),
+                        trace=trace, check=check)

@@ -87,7 +87,7 @@ def one_shot_all_reduce(transport: Transport, work: Any, op: ReduceOp,
         if mine is not work:
             work[...] = mine
         return
-    transport.phase, transport.step = "one-shot", 0
+    transport.at("one-shot")
     inputs = transport.all_inputs(mine)
     op(inputs[0], inputs[1], out=work)
     for later in inputs[2:]:

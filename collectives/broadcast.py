@@ -29,18 +29,20 @@ def ring_broadcast(transport: Transport, work: Any, root: int) -> None:
     pieces = [work[lo:hi] for lo, hi in segments(work.size, work.itemsize, transport.segment_bytes)]
     if not pieces:
         return
-    transport.phase = "broadcast"
     if position == 0:
-        for transport.step, piece in enumerate(pieces):
+        for step, piece in enumerate(pieces):
+            transport.at("broadcast", step)
             transport.send(piece, right)
     elif position == size - 1:
-        for transport.step, piece in enumerate(pieces):
+        for step, piece in enumerate(pieces):
+            transport.at("broadcast", step)
             transport.recv(piece, left)
     else:
         # Step k: forward segment k-1 while segment k arrives.
-        transport.step = 0
+        transport.at("broadcast", 0)
         transport.recv(pieces[0], left)
-        for transport.step, (previous, piece) in enumerate(zip(pieces, pieces[1:]), start=1):
-            transport.sendrecv(previous, right, piece, left)
-        transport.step = len(pieces)
+        for step in range(1, len(pieces)):
+            transport.at("broadcast", step)
+            transport.sendrecv(pieces[step - 1], right, pieces[step], left)
+        transport.at("broadcast", len(pieces))
         transport.send(pieces[-1], right)

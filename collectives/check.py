@@ -32,11 +32,7 @@ from transports.base import Transport
 
 from .ops import OPS
 
-# Every name `Communicator._begin` numbers a call with; naive.py's all-reduces too.
-COLLECTIVES = ("all_reduce", "all_gather", "broadcast", "scatter", "reduce_scatter", "barrier",
-               "naive_ring", "reduce_broadcast")
 FIELDS = ("call number", "collective", "count", "dtype", "op", "root")
-_COLLECTIVE_CODES = {name: code for code, name in enumerate(COLLECTIVES, start=1)}
 _OP_CODES = {name: code for code, name in enumerate(OPS, start=1)}
 
 
@@ -50,15 +46,15 @@ def dtype_text(code: int) -> str:
     return str(numpy.dtype(code.to_bytes(8, "little").rstrip(b"\0").decode()))
 
 
-def descriptor(seq: int, collective: str, count: int = -1, dtype: Any = None,
+def descriptor(seq: int, collective: int, count: int = -1, dtype: Any = None,
                op: str | None = None, root: int = -1) -> tuple[int, ...]:
-    """The integers that stand for one call (see the module docstring)."""
-    return (seq, _COLLECTIVE_CODES[collective], count,
-            0 if dtype is None else dtype_code(numpy.dtype(dtype)),
+    """The integers that stand for one call (see the module docstring); `collective` is the
+    call's index in the communicator's list of call names."""
+    return (seq, collective, count, 0 if dtype is None else dtype_code(numpy.dtype(dtype)),
             0 if op is None else _OP_CODES[op], int(root))
 
 
-def describe(call: tuple[int, ...]) -> str:
+def call_text(call: tuple[int, ...], names: tuple[str, ...]) -> str:
     """A call as the user wrote it: "all_reduce #4 (count 100, float32, sum)"."""
     seq, collective, count, dtype, op, root = call
     details = []
@@ -70,25 +66,25 @@ def describe(call: tuple[int, ...]) -> str:
         details.append(OPS[op - 1])
     if root >= 0:
         details.append(f"root {root}")
-    return f"{COLLECTIVES[collective - 1]} #{seq}" + (f" ({', '.join(details)})" if details else "")
+    return f"{names[collective]} #{seq}" + (f" ({', '.join(details)})" if details else "")
 
 
-def agree(transport: Transport, mine: tuple[int, ...]) -> str | None:
+def agree(transport: Transport, mine: tuple[int, ...], names: tuple[str, ...]) -> str | None:
     """Compare this rank's descriptor with every other rank's: None if all match, else why not.
 
-    Collective: every rank calls it with its own descriptor before the data moves. It goes
-    through the transport's raw exchange, so traces and byte counts show only the collective's
-    own traffic.
+    Collective: every rank calls it with its own descriptor before the data moves. The
+    exchange is uncounted, so traces and byte counts show only the collective's own traffic.
     """
     xp = transport.xp
-    transport.phase, transport.step = "check", 0
-    calls = [tuple(row.tolist()) for row in transport._all_inputs(xp.array(mine, xp.int64))]
+    transport.at("check")
+    inputs = transport.all_inputs(xp.array(mine, xp.int64), counted=False)
+    calls = [tuple(row.tolist()) for row in inputs]
     if calls.count(mine) == len(calls):
         return None
-    return disagreement(calls, transport.rank)
+    return disagreement(calls, transport.rank, names)
 
 
-def disagreement(calls: list[tuple[int, ...]], rank: int) -> str:
+def disagreement(calls: list[tuple[int, ...]], rank: int, names: tuple[str, ...]) -> str:
     """What rank `rank` says when ranks made the calls `calls` (in rank order), not all alike."""
     common = Counter(calls).most_common(1)[0][0]  # on a tie, the lowest rank's call
     odd: dict[tuple[int, ...], list[int]] = {}
@@ -99,10 +95,11 @@ def disagreement(calls: list[tuple[int, ...]], rank: int) -> str:
     if "collective" in differ:  # the other arguments then mean different things
         differ = differ[:differ.index("collective") + 1]
     others = [r for r, call in enumerate(calls) if call == common]
-    said = "; ".join(f"{_ranks(ranks)} called {describe(call)}" for call, ranks in odd.items())
+    said = "; ".join(f"{_ranks(ranks)} called {call_text(call, names)}"
+                     for call, ranks in odd.items())
     verb = "differs" if len(differ) == 1 else "differ"
     return (f"rank {rank}: ranks disagree: {said}, but {_ranks(others)} called "
-            f"{describe(common)}; the {' and the '.join(differ)} {verb}")
+            f"{call_text(common, names)}; the {' and the '.join(differ)} {verb}")
 
 
 def _ranks(ranks: list[int]) -> str:

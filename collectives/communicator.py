@@ -16,43 +16,33 @@ from __future__ import annotations
 import functools
 import os
 from contextlib import contextmanager
-from types import ModuleType
 from typing import Any, Callable, Iterator
 
 import numpy
 
 from transports.base import Stats, Transport
-from transports.errors import (CollectiveError, InvalidArgumentError, InvalidTypeError,
-                               MismatchError)
+from transports.errors import CollectiveError, InvalidArgumentError, MismatchError
 
 from .all_gather import ring_all_gather
-from .all_reduce import all_reduce
+from .all_reduce import all_reduce, one_shot_all_reduce, ring_all_reduce
+from .arguments import check_blocks, check_buffers, check_root, check_writeable, output
+from .arrays import flat_work
 from .broadcast import ring_broadcast
 from .check import agree, descriptor
+from .naive import naive_ring_all_reduce, reduce_broadcast_all_reduce
 from .ops import resolve_op
 from .reduce_scatter import ring_reduce_scatter
 from .scatter import scatter_from_root
 
-
-def array_module(buf: Any) -> ModuleType:
-    """numpy or cupy, whichever `buf` belongs to; InvalidTypeError for anything else."""
-    if isinstance(buf, numpy.ndarray):
-        return numpy
-    if type(buf).__module__.startswith("cupy"):
-        import cupy
-
-        return cupy
-    raise InvalidTypeError(f"expected a NumPy or CuPy array, got {type(buf).__name__}")
-
-
-def _flat_work(buf: Any, xp: ModuleType) -> tuple[Any, bool]:
-    """A flat contiguous array sharing memory with `buf` if possible, else a copy.
-
-    Returns (work, copied): when copied, the result must be written back into `buf`.
-    """
-    if buf.flags.c_contiguous:
-        return buf.reshape(-1), False
-    return xp.ascontiguousarray(buf).reshape(-1), True
+# The ways `all_reduce` can run: "auto" picks one-shot or the ring by size; the naive ones are
+# there to teach what the ring saves (naive.py).
+ALL_REDUCE_ALGORITHMS = {"auto": all_reduce, "ring": ring_all_reduce,
+                         "one_shot": one_shot_all_reduce, "naive_ring": naive_ring_all_reduce,
+                         "reduce_broadcast": reduce_broadcast_all_reduce}
+# Every call the check tells apart (check.py numbers them by their place here).
+CALLS = ("all_reduce", "all_gather", "broadcast", "scatter", "reduce_scatter", "barrier",
+         *(f"all_reduce/{name}" for name in ALL_REDUCE_ALGORITHMS if name != "auto"))
+_CALL_CODES = {name: code for code, name in enumerate(CALLS)}
 
 
 def _collective(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -113,6 +103,11 @@ class Communicator:
         return "cpu" if self._transport.xp is numpy else "cuda"
 
     @property
+    def timeout(self) -> float:
+        """Seconds any wait may last before it raises `CollectiveTimeoutError`."""
+        return self._transport.timeout
+
+    @property
     def stats(self) -> Stats:
         """Bytes and messages this rank has moved; `comm.stats.reset()` starts again."""
         return self._transport.stats
@@ -132,28 +127,42 @@ class Communicator:
         finally:
             self._transport.trace = outer
 
+    def on_transfer(self, callback: Callable[[dict], None] | None) -> None:
+        """Test hook: call `callback(record)` at each transfer this rank makes (the record a
+        trace gets), or stop with None. Fault tests use it to fail a rank in mid-collective."""
+        self._transport.on_transfer = callback
+
     # ---- the collectives -----------------------------------------------------------------
 
     @_collective
-    def all_reduce(self, sendbuf: Any, recvbuf: Any | None = None, op: str = "sum") -> Any:
+    def all_reduce(self, sendbuf: Any, recvbuf: Any | None = None, op: str = "sum",
+                   algorithm: str = "auto") -> Any:
         """Reduce `sendbuf` over all ranks with `op`; every rank gets the same result.
 
         Returns `recvbuf` (allocated when None); `recvbuf is sendbuf` works in place. NaN
         propagates: under sum, prod and avg as in arithmetic, and min and max follow NumPy's
-        `minimum` and `maximum`, which return NaN where either side is NaN.
+        `minimum` and `maximum`, which return NaN where either side is NaN. `algorithm`: "auto"
+        (one-shot up to the transport's `one_shot_bytes`, else the ring), "ring", "one_shot",
+        or one of the naive all-reduces kept to teach, "naive_ring" and "reduce_broadcast".
         """
-        xp = self._module(sendbuf, recvbuf)
+        if algorithm not in ALL_REDUCE_ALGORITHMS:
+            raise InvalidArgumentError(f"unknown all_reduce algorithm {algorithm!r}; expected "
+                                       f"one of {', '.join(ALL_REDUCE_ALGORITHMS)}")
+        xp = self._transport.xp
+        check_buffers(xp, self.transport, sendbuf, recvbuf)
         ufunc = resolve_op(op, sendbuf.dtype, xp)
-        recvbuf = self._output(recvbuf, sendbuf.shape, sendbuf.dtype, xp)
+        recvbuf = output(recvbuf, sendbuf.shape, sendbuf.dtype, xp)
         in_place = recvbuf is sendbuf or xp.may_share_memory(recvbuf, sendbuf)
         if in_place and recvbuf is not sendbuf:
             recvbuf[...] = sendbuf  # another view of the same memory: in place after all
-        work, copied = _flat_work(recvbuf, xp)
+        work, copied = flat_work(recvbuf, xp)
         # Out of place, the algorithm reads the input where it lies instead of copying it
         # into recvbuf first: a whole pass over memory saved.
-        mine = None if in_place else _flat_work(sendbuf, xp)[0]
-        self._begin("all_reduce", sendbuf.size, sendbuf.dtype, op)
-        all_reduce(self._transport, work, ufunc, average=(op == "avg"), mine=mine)
+        mine = None if in_place else flat_work(sendbuf, xp)[0]
+        name = "all_reduce" if algorithm == "auto" else f"all_reduce/{algorithm}"
+        self._begin(name, sendbuf.size, sendbuf.dtype, op)
+        ALL_REDUCE_ALGORITHMS[algorithm](self._transport, work, ufunc, average=(op == "avg"),
+                                         mine=mine)
         if copied:
             recvbuf[...] = work.reshape(recvbuf.shape)
         return recvbuf
@@ -161,9 +170,10 @@ class Communicator:
     @_collective
     def all_gather(self, sendbuf: Any, recvbuf: Any | None = None) -> Any:
         """Gather every rank's `sendbuf` on every rank: shape (size, *sendbuf.shape), rank order."""
-        xp = self._module(sendbuf, recvbuf)
-        recvbuf = self._output(recvbuf, (self.size, *sendbuf.shape), sendbuf.dtype, xp)
-        work, copied = _flat_work(recvbuf, xp)
+        xp = self._transport.xp
+        check_buffers(xp, self.transport, sendbuf, recvbuf)
+        recvbuf = output(recvbuf, (self.size, *sendbuf.shape), sendbuf.dtype, xp)
+        work, copied = flat_work(recvbuf, xp)
         work.reshape(self.size, -1)[self.rank] = sendbuf.reshape(-1)
         self._begin("all_gather", sendbuf.size, sendbuf.dtype)
         ring_all_gather(self._transport, work)
@@ -174,10 +184,11 @@ class Communicator:
     @_collective
     def broadcast(self, buf: Any, root: int = 0) -> Any:
         """Copy the root's `buf` into `buf` on every rank (in place); returns `buf`."""
-        xp = self._module(buf)
-        self._check_root(root)
-        self._check_writeable(buf, "buf")
-        work, copied = _flat_work(buf, xp)
+        xp = self._transport.xp
+        check_buffers(xp, self.transport, buf)
+        check_root(root, self.size)
+        check_writeable(buf, "buf")
+        work, copied = flat_work(buf, xp)
         self._begin("broadcast", buf.size, buf.dtype, root=root)
         ring_broadcast(self._transport, work, root)
         if copied:
@@ -192,26 +203,25 @@ class Communicator:
         `sendbuf` is ignored on other ranks; there `recvbuf` may be None, and the block's shape
         and dtype then come from the root. Returns `recvbuf`.
         """
-        self._check_root(root)
-        xp = self._module(*(b for b in (sendbuf, recvbuf) if b is not None)) \
-            if (sendbuf is not None or recvbuf is not None) else self._transport.xp
+        check_root(root, self.size)
+        xp = self._transport.xp
+        if sendbuf is not None or recvbuf is not None:
+            check_buffers(xp, self.transport, *(b for b in (sendbuf, recvbuf) if b is not None))
         blocks = None
         if self.rank == root:
             if sendbuf is None:
                 raise InvalidArgumentError(f"scatter: the root (rank {root}) must pass sendbuf")
-            if sendbuf.ndim < 1 or sendbuf.shape[0] != self.size:
-                raise InvalidArgumentError(f"scatter: sendbuf must have shape ({self.size}, ...), "
-                                           f"one block per rank; got {sendbuf.shape}")
+            check_blocks("scatter", sendbuf, self.size)
             blocks = xp.ascontiguousarray(sendbuf)
-            recvbuf = self._output(recvbuf, sendbuf.shape[1:], sendbuf.dtype, xp)
+            recvbuf = output(recvbuf, sendbuf.shape[1:], sendbuf.dtype, xp)
         elif recvbuf is not None:
-            self._check_writeable(recvbuf, "recvbuf")
+            check_writeable(recvbuf, "recvbuf")
         copy_back = None
 
         def receive_into(shape: tuple[int, ...], dtype: Any) -> Any:
             nonlocal recvbuf, copy_back
-            recvbuf = self._output(recvbuf, shape, dtype, xp)
-            work, copied = _flat_work(recvbuf, xp)
+            recvbuf = output(recvbuf, shape, dtype, xp)
+            work, copied = flat_work(recvbuf, xp)
             copy_back = work if copied else None
             return work
 
@@ -230,13 +240,12 @@ class Communicator:
 
         NaN propagates as in `all_reduce`.
         """
-        xp = self._module(sendbuf, recvbuf)
+        xp = self._transport.xp
+        check_buffers(xp, self.transport, sendbuf, recvbuf)
         ufunc = resolve_op(op, sendbuf.dtype, xp)
-        if sendbuf.ndim < 1 or sendbuf.shape[0] != self.size:
-            raise InvalidArgumentError(f"reduce_scatter: sendbuf must have shape ({self.size}, "
-                                       f"...), one block per rank; got {sendbuf.shape}")
-        recvbuf = self._output(recvbuf, sendbuf.shape[1:], sendbuf.dtype, xp)
-        mine = _flat_work(sendbuf, xp)[0]
+        check_blocks("reduce_scatter", sendbuf, self.size)
+        recvbuf = output(recvbuf, sendbuf.shape[1:], sendbuf.dtype, xp)
+        mine = flat_work(sendbuf, xp)[0]
         work = xp.empty_like(mine)  # the chunks in flight; `mine` is only read
         self._begin("reduce_scatter", sendbuf.size, sendbuf.dtype, op)
         block = ring_reduce_scatter(self._transport, mine, work, ufunc, average=(op == "avg"))
@@ -274,54 +283,12 @@ class Communicator:
                                   f"{self._broken}; make a new one")
         self._calls += 1
         transport = self._transport
-        transport.where = f"{collective} #{self._calls}"
+        transport.begin(f"{collective} #{self._calls}")
         self._in_flight = True
         if self._checking and self.size > 1:
-            mismatch = agree(transport, descriptor(self._calls, collective, count, dtype, op, root))
+            call = descriptor(self._calls, _CALL_CODES[collective], count, dtype, op, root)
+            mismatch = agree(transport, call, CALLS)
             if mismatch is not None:
                 self._in_flight = False  # every rank stops here, and every message has landed
                 raise MismatchError(mismatch)
-        transport.phase, transport.step = "", 0  # until the algorithm names its own
-
-    # ---- argument checks -----------------------------------------------------------------
-
-    def _module(self, buf: Any, *others: Any) -> ModuleType:
-        """The array module of `buf` and of the `others` that are not None: one module, the
-        transport's, and numeric dtypes."""
-        buffers = [buf, *(b for b in others if b is not None)]
-        modules = {array_module(b) for b in buffers}
-        if len(modules) > 1:
-            raise InvalidTypeError("buffers mix NumPy and CuPy arrays; pass arrays of one kind")
-        (xp,) = modules
-        if xp is not self._transport.xp:
-            raise InvalidTypeError(f"the {self.transport} transport moves "
-                                   f"{self._transport.xp.__name__} arrays, got a {xp.__name__} "
-                                   f"array")
-        for b in buffers:
-            if b.dtype.kind not in "biufc":
-                raise InvalidTypeError(f"dtype {b.dtype} is not numeric; collectives move "
-                                       f"numbers and bools")
-        return xp
-
-    def _output(self, buf: Any | None, shape: tuple[int, ...], dtype: Any,
-                xp: ModuleType) -> Any:
-        """Allocate the result array, or check that the caller's one fits."""
-        if buf is None:
-            return xp.empty(shape, dtype)
-        if tuple(buf.shape) != tuple(shape) or buf.dtype != dtype:
-            raise InvalidArgumentError(f"recvbuf must have shape {tuple(shape)} and dtype "
-                                       f"{xp.dtype(dtype)}; got shape {tuple(buf.shape)} and "
-                                       f"dtype {buf.dtype}")
-        self._check_writeable(buf, "recvbuf")
-        return buf
-
-    @staticmethod
-    def _check_writeable(buf: Any, name: str) -> None:
-        array_module(buf)
-        if not getattr(buf.flags, "writeable", True):
-            raise InvalidArgumentError(f"{name} is read-only")
-
-    def _check_root(self, root: int) -> None:
-        if (isinstance(root, bool) or not isinstance(root, (int, numpy.integer))
-                or not 0 <= root < self.size):
-            raise InvalidArgumentError(f"root {root!r} is not a rank in [0, {self.size})")
+            transport.at("")  # until the algorithm names its own phase

@@ -27,9 +27,8 @@ def reduce_scatter_pass(transport: Transport, work: Any, bounds: list[tuple[int,
     rank, size = transport.rank, transport.size
     right, left = (rank + 1) % size, (rank - 1) % size
     mine = work if mine is None else mine
-    transport.phase = "reduce-scatter"
     for step in range(size - 1):
-        transport.step = step
+        transport.at("reduce-scatter", step)
         send, recv = ring_chunks(rank, size, step, first)
         # Step 0 sends this rank's own chunk; every later step forwards the chunk reduced in
         # the step before. What arrives is always combined with this rank's own contribution.
@@ -45,9 +44,8 @@ def all_gather_pass(transport: Transport, work: Any, bounds: list[tuple[int, int
     (r + first) and ends holding all of them."""
     rank, size = transport.rank, transport.size
     right, left = (rank + 1) % size, (rank - 1) % size
-    transport.phase = "all-gather"
     for step in range(size - 1):
-        transport.step = step
+        transport.at("all-gather", step)
         send, recv = ring_chunks(rank, size, step, first)
         transport.sendrecv(work[slice(*bounds[send])], right,
                            work[slice(*bounds[recv])], left)

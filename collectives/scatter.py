@@ -47,17 +47,17 @@ def scatter_from_root(transport: Transport, blocks: Any | None, root: int,
         header = xp.asarray(_header(blocks.shape[1:], blocks.dtype))
         flat = blocks.reshape(size, -1)
         for step in range(1, size):
-            transport.step = step - 1
             peer = (root + step) % size
-            transport.phase = "scatter header"
+            transport.at("scatter header", step - 1)
             transport.send(header, peer)
-            transport.phase = "scatter"
+            transport.at("scatter", step - 1)
             transport.send(flat[peer], peer)
         return flat[root]
-    transport.phase, transport.step = "scatter header", (rank - root) % size - 1
+    step = (rank - root) % size - 1
+    transport.at("scatter header", step)
     header = xp.empty(HEADER_BYTES, xp.uint8)
     transport.recv(header, root)
-    transport.phase = "scatter"
+    transport.at("scatter", step)
     shape, dtype = _parse(header)
     try:
         target, problem = receive_into(shape, dtype), None

@@ -6,7 +6,6 @@ several sizes without starting processes.
 
 from __future__ import annotations
 
-import sys
 import threading
 from typing import Any, Callable
 
@@ -51,10 +50,6 @@ def spawn(fn: Callable[..., Any], size: int, *args: Any, segment_bytes: int | No
         thread.join()
     if failures:
         rank, error = failures[0]
-        note = f"raised on rank {rank} of {size}"
-        if sys.version_info >= (3, 11):
-            error.add_note(note)
-        else:
-            error.args = (f"{error.args[0] if error.args else ''} ({note})", *error.args[1:])
+        error.add_note(f"raised on rank {rank} of {size}")
         raise error
     return results

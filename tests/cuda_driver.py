@@ -163,18 +163,19 @@ def lifecycle_scenario() -> None:
     pool = cupy.get_default_memory_pool()
     pooled = pool.total_bytes()
     comm = collectives.init("auto", device="cuda", timeout=60)
-    transport = comm._transport
+    transport = comm._transport  # white box: what cuda_ipc holds, before and after close
+    memory = transport.memory
     rank, size = comm.rank, comm.size
     assert comm.transport == "cuda_ipc" and comm.device == "cuda", comm
     count = cupy.cuda.runtime.getDeviceCount()
-    assert cupy.cuda.Device().id == transport.device.id == rank % count
+    assert cupy.cuda.Device().id == memory.gpu.id == rank % count
     # The slots and one-shot areas are one cudaMalloc, outside CuPy's pool.
-    assert type(transport._memory) is cupy.cuda.Memory, type(transport._memory)
+    assert type(memory.own) is cupy.cuda.Memory, type(memory.own)
     assert pool.total_bytes() == pooled, "the transport allocated from CuPy's pool"
     # Every peer's memory is mapped, and this rank's own is used directly.
-    assert len(transport._opened) == size - 1
-    assert transport._data[rank].data.ptr == transport._memory.ptr
-    # The control lines' host segment is mapped, yet already unlinked.
+    assert len(memory.opened) == size - 1
+    assert transport._data[rank].data.ptr == memory.own.ptr
+    # The control lines' host region is mapped, yet already unlinked.
     maps = open("/proc/self/maps").read()
     assert re.search(r"/dev/shm/ringcc-\w+ \(deleted\)", maps), maps
 
@@ -197,7 +198,7 @@ def lifecycle_scenario() -> None:
     result: list[Any] = []
 
     def on_thread() -> None:
-        transport.device.use()
+        memory.gpu.use()
         result.append(comm.all_gather(cupy.full(5, rank, cupy.int32)).get())
 
     thread = threading.Thread(target=on_thread)
@@ -207,7 +208,7 @@ def lifecycle_scenario() -> None:
     assert comm.stats.bytes_sent > 0
 
     comm.close()
-    assert transport._opened == [] and transport._memory is None and not cuda_ipc._kept
+    assert memory.opened == [] and memory.own is None and not cuda_ipc._kept
     # Everything was released: a new communicator maps fresh memory and works.
     with collectives.init("cuda_ipc", timeout=60) as again:
         assert int(again.all_reduce(cupy.ones(7, cupy.int64)).sum()) == 7 * size
@@ -221,16 +222,15 @@ def failure_scenario() -> None:
     comm = collectives.init("cuda_ipc", segment_bytes=SMALL_SEGMENT, one_shot_bytes=0, timeout=3)
     work = cupy.arange(1 << 16, dtype=cupy.float32)
     if comm.rank == 1:
-        transport, copies = comm._transport, 0
+        transfers = 0
 
-        def failing_copy(dst: Any, src: Any) -> None:
-            nonlocal copies
-            copies += 1
-            if copies == 5:
+        def fail_at_the_fifth(record: dict) -> None:
+            nonlocal transfers
+            transfers += 1
+            if transfers == 5:
                 raise RuntimeError("rank 1 fails on purpose")
-            type(transport)._copy(transport, dst, src)
 
-        transport._copy = failing_copy
+        comm.on_transfer(fail_at_the_fifth)
     try:
         comm.all_reduce(work)
     except (RuntimeError, collectives.CollectiveError) as error:

@@ -35,24 +35,23 @@ def rank_one(comm, wrong, right):
     return wrong if comm.rank == 1 else right
 
 
-class Tripwire(list):
-    """A transfer trace that calls `action` when the transport records its `at`-th transfer:
-    a fault in the middle of a collective, after some of its messages have moved."""
+def tripwire(at: int, action):
+    """A transfer hook that runs `action` at this rank's `at`-th transfer: a fault in the middle
+    of a collective, after some of its messages have moved."""
+    transfers = 0
 
-    def __init__(self, at: int, action) -> None:
-        super().__init__()
-        self.at, self.action = at, action
-
-    def append(self, record: dict) -> None:
-        super().append(record)
-        if len(self) == self.at:
-            self.action()
+    def hook(record: dict) -> None:
+        nonlocal transfers
+        transfers += 1
+        if transfers == at:
+            action()
+    return hook
 
 
 def in_the_middle(comm, action) -> None:
     """All-reduce a buffer large enough for the ring; rank 1 runs `action` at its 3rd transfer."""
     if comm.rank == 1:
-        comm._transport.trace = Tripwire(3, action)
+        comm.on_transfer(tripwire(3, action))
     comm.all_reduce(data(comm, BIG))
 
 
@@ -80,7 +79,7 @@ def skip_last(comm) -> None:
 def sleep(comm) -> None:
     """Rank 1 comes to call #2 after the others have given up waiting for it."""
     if comm.rank == 1:
-        time.sleep(comm._transport.timeout + 3)
+        time.sleep(comm.timeout + 3)
     comm.all_reduce(data(comm))
 
 

@@ -12,7 +12,7 @@ import numpy
 import pytest
 
 import collectives
-from benchmarks import harness, plot
+from benchmarks import measure, options, peers, plot, report
 from benchmarks.all_gather import ALL_GATHER
 from benchmarks.all_reduce import ALL_REDUCE
 from benchmarks.broadcast import BROADCAST
@@ -38,24 +38,24 @@ def torch_here() -> bool:
 # ---- options ------------------------------------------------------------------------------
 
 def test_sizes_take_nccl_tests_suffixes():
-    assert [harness.parse_size(s) for s in ("8", "512K", "64M", "1G", "2k")] == \
+    assert [options.parse_size(s) for s in ("8", "512K", "64M", "1G", "2k")] == \
         [8, 512 << 10, 64 << 20, 1 << 30, 2048]
     for bad in ("1X", "M", "", "-8", "1.5M"):
         with pytest.raises(argparse.ArgumentTypeError):
-            harness.parse_size(bad)
+            options.parse_size(bad)
 
 
 def test_sizes_step_by_the_factor():
-    assert harness.sizes(8, 1024, 2) == [8, 16, 32, 64, 128, 256, 512, 1024]
-    assert harness.sizes(8, 100, 4) == [8, 32]
-    assert harness.sizes(64, 64, 1) == [64]
+    assert options.sizes(8, 1024, 2) == [8, 16, 32, 64, 128, 256, 512, 1024]
+    assert options.sizes(8, 100, 4) == [8, 32]
+    assert options.sizes(64, 64, 1) == [64]
     for bad in ((8, 64, 1), (64, 8, 2), (0, 8, 2)):
         with pytest.raises(ValueError):
-            harness.sizes(*bad)
+            options.sizes(*bad)
 
 
 def test_options_in_nccl_tests_spelling():
-    args = harness.parse_args(ALL_REDUCE, [
+    args = options.parse_args(ALL_REDUCE, [
         "-b", "1K", "-e", "1M", "-f", "4", "-n", "7", "-w", "1", "-c", "0", "-o", "max",
         "-d", "double", "-r", "1", "--transport", "shm,mpi", "--compare", "mpi,gloo",
         "--json", "out.json", "--csv", "out.csv"])
@@ -63,8 +63,8 @@ def test_options_in_nccl_tests_spelling():
     assert (args.iters, args.warmup_iters, args.check, args.op, args.root) == (7, 1, 0, "max", 1)
     assert args.transport == ["shm", "mpi"] and args.compare == ["mpi", "gloo"]
     assert (args.json, args.csv) == ("out.json", "out.csv")
-    assert harness.cases(ALL_REDUCE, args) == ([("float64", "max")], [])
-    defaults = harness.parse_args(ALL_REDUCE, [])
+    assert options.cases(ALL_REDUCE, args) == ([("float64", "max")], [])
+    defaults = options.parse_args(ALL_REDUCE, [])
     assert (defaults.sizes, defaults.iters, defaults.warmup_iters, defaults.check) == \
         ([32 << 20], 20, 5, 1)
     assert defaults.transport == ["auto"] and defaults.compare == []
@@ -74,25 +74,25 @@ def test_options_in_nccl_tests_spelling():
                                   ["-n", "0"], ["-d", "bfloat16"], ["-o", "xor"], ["-c", "2"]])
 def test_bad_options_are_refused(argv, capsys):
     with pytest.raises(SystemExit):
-        harness.parse_args(ALL_REDUCE, argv)
+        options.parse_args(ALL_REDUCE, argv)
     assert "error" in capsys.readouterr().err
 
 
 def test_all_ops_and_dtypes_leave_out_averages_of_integers():
-    args = harness.parse_args(ALL_REDUCE, ["-o", "all", "-d", "all"])
-    pairs, notes = harness.cases(ALL_REDUCE, args)
+    args = options.parse_args(ALL_REDUCE, ["-o", "all", "-d", "all"])
+    pairs, notes = options.cases(ALL_REDUCE, args)
     assert ("int8", "avg") not in pairs and ("float16", "avg") in pairs
     assert len(pairs) == 6 * 4 + 3 * 5 and len(notes) == 6
-    pairs, notes = harness.cases(ALL_GATHER, args)
-    assert pairs == [(d, "none") for d in harness.DTYPES] and notes == []
+    pairs, notes = options.cases(ALL_GATHER, args)
+    assert pairs == [(d, "none") for d in options.DTYPES] and notes == []
 
 
 def test_counts_are_whole_blocks_per_rank():
-    assert harness.counts(ALL_GATHER, [8, 16, 64], 4, 3) == [3, 15]
-    assert harness.counts(SCATTER, [8], 1, 4) == [8]
-    assert harness.counts(ALL_REDUCE, [8, 64], 4, 3) == [2, 16]
+    assert options.counts(ALL_GATHER, [8, 16, 64], 4, 3) == [3, 15]
+    assert options.counts(SCATTER, [8], 1, 4) == [8]
+    assert options.counts(ALL_REDUCE, [8, 64], 4, 3) == [2, 16]
     for collective in COLLECTIVES:
-        for count in harness.counts(collective, [8, 1000], 4, 3):
+        for count in options.counts(collective, [8, 1000], 4, 3):
             send, recv = collective.shapes(count, 3)
             assert numpy.prod(recv if collective is ALL_GATHER else send) == count
 
@@ -113,57 +113,57 @@ def test_bus_bandwidth_factors_are_nccl_tests_ones(collective, factor):
 # ---- data and the check -------------------------------------------------------------------
 
 def test_data_depends_on_rank_and_index():
-    a = harness.rank_data(0, (4096,), "float32", "sum")
-    b = harness.rank_data(1, (4096,), "float32", "sum")
+    a = measure.rank_data(0, (4096,), "float32", "sum")
+    b = measure.rank_data(1, (4096,), "float32", "sum")
     assert len(numpy.unique(a)) == 64 and numpy.mean(a != b) > 0.9
-    assert numpy.array_equal(a, harness.rank_data(0, (4096,), "float16", "sum"))  # exact
-    assert numpy.abs(a).max() <= harness.DATA_MAX
-    products = harness.rank_data(2, (8, 512), "int8", "prod")
+    assert numpy.array_equal(a, measure.rank_data(0, (4096,), "float16", "sum"))  # exact
+    assert numpy.abs(a).max() <= measure.DATA_MAX
+    products = measure.rank_data(2, (8, 512), "int8", "prod")
     assert products.shape == (8, 512) and set(numpy.unique(products)) == {1, 2}
 
 
 def test_references_reduce_over_ranks():
     def data(rank):
-        return harness.rank_data(rank, (1000,), "int8", "sum")
+        return measure.rank_data(rank, (1000,), "int8", "sum")
 
-    total = harness.reduce_ranks(data, 5, "sum")
+    total = measure.reduce_ranks(data, 5, "sum")
     wide = sum(data(r).astype(numpy.int64) for r in range(5))
     assert total.dtype == numpy.int8 and numpy.array_equal(total, wide.astype(numpy.int8))
-    average = harness.reduce_ranks(lambda r: data(r).astype(numpy.float16), 5, "avg")
+    average = measure.reduce_ranks(lambda r: data(r).astype(numpy.float16), 5, "avg")
     assert average.dtype == numpy.float64 and numpy.allclose(average, wide / 5)
-    assert numpy.array_equal(harness.reduce_ranks(data, 5, "max"),
+    assert numpy.array_equal(measure.reduce_ranks(data, 5, "max"),
                              numpy.max([data(r) for r in range(5)], axis=0))
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
 def test_check_allows_rounding_and_counts_every_wrong_element(dtype):
     ranks = 8
-    inputs = [harness.rank_data(r, (5000,), dtype, "sum") for r in range(ranks)]
-    expected = harness.reduce_ranks(lambda r: inputs[r], ranks, "sum")
+    inputs = [measure.rank_data(r, (5000,), dtype, "sum") for r in range(ranks)]
+    expected = measure.reduce_ranks(lambda r: inputs[r], ranks, "sum")
     result = inputs[0].copy()
     for block in reversed(inputs[1:]):  # another order of additions, rounding in `dtype`
         result += block
     result /= 1 + numpy.finfo(dtype).eps  # and one more rounding step
-    assert harness.count_wrong(result, expected, ranks) == 0
+    assert measure.count_wrong(result, expected, ranks) == 0
     result[[3, 100, 4999]] += 0.5
     result[7] = numpy.nan
-    assert harness.count_wrong(result, expected, ranks) == 4
+    assert measure.count_wrong(result, expected, ranks) == 4
 
 
 def test_check_is_exact_for_integers():
-    expected = harness.rank_data(0, (100,), "uint64", "sum")
+    expected = measure.rank_data(0, (100,), "uint64", "sum")
     result = expected.copy()
     result[42] += 1
-    assert harness.count_wrong(result, expected, 4) == 1
+    assert measure.count_wrong(result, expected, 4) == 1
 
 
 @pytest.mark.parametrize("dtype", ["int8", "uint8", "uint64", "float16", "float64"])
 def test_poison_makes_every_element_wrong(dtype):
-    expected = harness.reduce_ranks(lambda r: harness.rank_data(r, (300,), dtype, "sum"), 3,
+    expected = measure.reduce_ranks(lambda r: measure.rank_data(r, (300,), dtype, "sum"), 3,
                                     "sum")
     result = numpy.empty(300, dtype)
-    harness.poison(result, expected)
-    assert harness.count_wrong(result, expected, 3) == 300
+    measure.poison(result, expected)
+    assert measure.count_wrong(result, expected, 3) == 300
 
 
 # ---- what it writes -----------------------------------------------------------------------
@@ -177,8 +177,8 @@ def example_rows(ranks: int) -> list[dict]:
 def test_json_and_csv_round_trip(tmp_path):
     meta = {"collective": "all_reduce", "ranks": 4}
     rows = example_rows(4)
-    harness.write_json(str(tmp_path / "r.json"), meta, rows)
-    harness.write_csv(str(tmp_path / "r.csv"), rows)
+    report.write_json(str(tmp_path / "r.json"), meta, rows)
+    report.write_csv(str(tmp_path / "r.csv"), rows)
     assert json.loads((tmp_path / "r.json").read_text()) == {"meta": meta, "rows": rows}
     with open(tmp_path / "r.csv") as source:
         read = list(csv.DictReader(source))
@@ -187,18 +187,18 @@ def test_json_and_csv_round_trip(tmp_path):
 
 
 def test_table_rows_show_ratio_and_missing_peers():
-    impls = [harness.Impl("ringcc:mpi", None), harness.Impl("mpi", None),
-             harness.Impl("gloo", None)]
+    impls = [peers.Impl("ringcc:mpi", None), peers.Impl("mpi", None),
+             peers.Impl("gloo", None)]
     ours, theirs = example_rows(2)[0], dict(example_rows(2)[0], impl="mpi", time_us=21.0)
-    line = harness.format_row({"ringcc:mpi": ours, "mpi": theirs, "gloo": None}, impls)
+    line = report.format_row({"ringcc:mpi": ours, "mpi": theirs, "gloo": None}, impls)
     assert line.split() == ["1024", "256", "float32", "sum", "-1", "11.02", "0.10", "0.15", "0",
                             "21.00", f"{21 / 11.024:.2f}", "0", "n/a"]
-    assert "0 OK" in harness.summary(example_rows(2), impls)
+    assert "0 OK" in report.summary(example_rows(2), impls)
 
 
 def test_plot_draws_one_line_per_implementation_and_rank_count(tmp_path):
     for ranks in (2, 4):
-        harness.write_json(str(tmp_path / f"{ranks}.json"),
+        report.write_json(str(tmp_path / f"{ranks}.json"),
                            {"collective": "all_reduce", "ranks": ranks, "host": "h"},
                            example_rows(ranks))
     paths = [str(tmp_path / "2.json"), str(tmp_path / "4.json")]
@@ -257,7 +257,7 @@ def test_every_collective_dtype_and_op_checks_out_on_three_ranks(tmp_path):
     for collective in COLLECTIVES:
         rows = json.loads((tmp_path / f"{collective.name}.json").read_text())["rows"]
         assert rows and all(row["wrong"] == 0 for row in rows)
-        assert {row["dtype"] for row in rows} == set(harness.DTYPES)
+        assert {row["dtype"] for row in rows} == set(options.DTYPES)
         impls = {row["impl"] for row in rows}
         assert impls == {"ringcc:mpi", "mpi"} | ({"gloo"} if torch_here() else set())
         if collective.reduces:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import re
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -12,7 +15,7 @@ import pytest
 import collectives
 from benchmarks import fit
 from collectives import explain
-from launch import mpiexec
+from launch import ROOT, mpiexec, rank_env
 
 EXPECTED = Path(__file__).parent / "expected"
 SVG = "{http://www.w3.org/2000/svg}"
@@ -121,6 +124,37 @@ def test_on_real_mpi_ranks_the_schedule_is_the_same(capsys):
     job = mpiexec(3, "-m", "collectives.explain", *argv, "--transport", "mpi", timeout=90)
     threads = run_explain(capsys, *argv, "--ranks", "3")
     assert job.stdout == threads.replace("threads transport", "mpi transport")
+
+
+LAYERS = ["lessons", "schedule", "run", "text", "picture", "cli"]
+
+
+def explainer_imports(name: str) -> set[str]:
+    """The modules of collectives.explain that its module `name` imports ("__init__": the
+    package itself)."""
+    found = set()
+    for node in ast.walk(ast.parse((ROOT / "collectives" / "explain" / f"{name}.py").read_text())):
+        if isinstance(node, ast.Import):
+            dotted = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = ["collectives", "explain"][:3 - node.level] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            dotted = [f"{module}.{a.name}" for a in node.names]
+        else:
+            continue
+        for parts in (d.split(".") for d in dotted):
+            if parts[:2] == ["collectives", "explain"]:
+                found.add(parts[2] if len(parts) > 2 else "__init__")
+    return found
+
+
+def test_the_explainer_imports_flow_one_way():
+    """Each module of the explainer imports only modules before it in LAYERS, so none imports
+    one that imports it back; and the picture module imports on its own."""
+    for k, name in enumerate(LAYERS):
+        assert explainer_imports(name) <= set(LAYERS[:k]), name
+    subprocess.run([sys.executable, "-c", "import collectives.explain.picture"], cwd=ROOT,
+                   env=rank_env(), check=True, timeout=60)
 
 
 def test_bad_arguments_are_refused(capsys):

@@ -75,7 +75,7 @@ def test_a_timeout_names_the_rank_the_peer_the_collective_and_the_step():
             with pytest.raises(collectives.TimeoutError) as caught:
                 comm.all_reduce(numpy.arange(4.0))
             with pytest.raises(collectives.CollectiveError, match="cannot be used since "
-                               "all_reduce #2 failed \\(TimeoutError: rank 0 waited"):
+                               "all_reduce #2 failed \\(CollectiveTimeoutError: rank 0 waited"):
                 comm.all_reduce(numpy.arange(4.0))
             return str(caught.value)
         time.sleep(1.5)  # rank 1 never makes call #2
@@ -177,8 +177,8 @@ def test_a_rank_that_does_not_come_is_named_by_the_timeout(tmp_path, transport, 
     assert raised and set(raised) <= {0, 2}, raised
     for rank, message in raised.items():
         peer = "a message from rank 1" if transport == "mpi" else "one-shot inputs from rank 1"
-        assert re.fullmatch(f"TimeoutError: rank {rank} waited {TIMEOUT} s for {peer} during "
-                            f"all_reduce #2 \\(check step 0\\) on the {transport} transport",
+        assert re.fullmatch(f"CollectiveTimeoutError: rank {rank} waited {TIMEOUT} s for {peer} "
+                            f"during all_reduce #2 \\(check step 0\\) on the {transport} transport",
                             message), message
 
 
@@ -188,7 +188,8 @@ def assert_only_noticed_rank_1(raised: dict[int, str]) -> None:
     for rank, message in raised.items():
         assert rank != 1, message
         assert message.startswith((f"PeerFailedError: rank {rank}: rank 1 ",
-                                   f"TimeoutError: rank {rank} waited {TIMEOUT} s")), message
+                                   f"CollectiveTimeoutError: rank {rank} waited {TIMEOUT} s")), \
+            message
 
 
 @pytest.mark.parametrize("transport", POOL_TRANSPORTS)

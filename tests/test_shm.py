@@ -1,4 +1,4 @@
-"""What is particular to the shared-memory transport: its segments' lifetime and mode, its
+"""What is particular to the shared-memory transport: its regions' lifetime and mode, its
 errors, and its two all-reduce paths forced one way or the other. (The property tests of every
 collective run on it too, through the rank pool.)
 
@@ -6,7 +6,7 @@ Each test starts a real job that runs one scenario of this file on every rank:
 
     mpiexec -n 3 python tests/test_shm.py collectives SEGMENT_BYTES ONE_SHOT_BYTES
 
-A rank prints the path of every segment it creates, so the test can check that exactly those
+A rank prints the path of every region it creates, so the test can check that exactly those
 are gone from /dev/shm afterwards.
 """
 
@@ -32,18 +32,18 @@ ALL_REDUCE = (("int32", "sum"), ("int32", "prod"), ("uint8", "min"), ("bool", "m
 
 # ---- the scenarios, run on every rank -------------------------------------------------------
 
-def record_segments() -> None:
-    """Print the path of every segment this rank creates."""
-    from transports import shm
+def record_regions() -> None:
+    """Print the path of every shared-memory region this rank creates."""
+    from transports import shared_memory
 
-    create = shm.create_segment
+    create = shared_memory.create_region
 
     def recording(nbytes: int) -> tuple[str, numpy.ndarray]:
         path, memory = create(nbytes)
-        print(f"segment {path}", flush=True)
+        print(f"region {path}", flush=True)
         return path, memory
 
-    shm.create_segment = recording
+    shared_memory.create_region = recording
 
 
 def check_everywhere(comm, world, case: str, check, **example) -> None:
@@ -62,7 +62,7 @@ def collectives_scenario(segment_bytes: str, one_shot_bytes: str) -> None:
     comm = collectives.init("auto", segment_bytes=int(segment_bytes),
                             one_shot_bytes=int(one_shot_bytes), timeout=30)
     assert comm.transport == "shm", comm.transport
-    # Every segment was unlinked once mapped: in use, yet not in /dev/shm.
+    # Every region was unlinked once mapped: in use, yet not in /dev/shm.
     maps = open("/proc/self/maps").read()
     mapped = re.findall(r"/dev/shm/(ringcc-\w+) \(deleted\)", maps)
     assert len(set(mapped)) == comm.size, maps
@@ -93,30 +93,29 @@ def failure_scenario(how: str) -> None:
     work = numpy.arange(1 << 20, dtype=numpy.float64) * (comm.rank + 1)
     comm.all_reduce(work)
     if comm.rank == 1:
-        transport = comm._transport
-        copies = 0
+        transfers = 0
 
-        def failing_copy(dst, src):
-            nonlocal copies
-            copies += 1
-            if copies == 20:
+        def fail_at_the_second(record: dict) -> None:
+            """Rank 1's second transfer of the call: the first step's messages have moved."""
+            nonlocal transfers
+            transfers += 1
+            if transfers == 2:
                 if how == "kill":
                     os.kill(os.getpid(), signal.SIGKILL)
                 raise RuntimeError("rank 1 fails on purpose")
-            type(transport)._copy(transport, dst, src)
 
-        transport._copy = failing_copy
+        comm.on_transfer(fail_at_the_second)
     comm.all_reduce(work)
 
 
 def errors_scenario() -> None:
-    """The errors of `init`, and the segment's mode: none of them allocates a segment."""
-    from transports import shm
+    """The errors of `init`, and the region's mode: none of them allocates a region."""
+    from transports import bootstrap, shared_memory, slots
 
-    # A new segment is 0600 whatever the umask, under a name nobody can guess.
+    # A new region is 0600 whatever the umask, under a name nobody can guess.
     old = os.umask(0)
     try:
-        path, memory = shm.create_segment(4096)
+        path, memory = shared_memory.create_region(4096)
     finally:
         os.umask(old)
     mode = os.stat(path).st_mode & 0o777
@@ -126,15 +125,15 @@ def errors_scenario() -> None:
     assert re.fullmatch(r"/dev/shm/ringcc-[0-9a-f]{32}", path), path
 
     def must_not_allocate(nbytes):
-        raise AssertionError("a segment was created")
+        raise AssertionError("a region was created")
 
-    create, shm.create_segment = shm.create_segment, must_not_allocate
+    create, shared_memory.create_region = shared_memory.create_region, must_not_allocate
     statvfs = os.statvfs
 
     class Tiny:
         f_bavail, f_frsize = 16, 4096  # 64 KiB free
 
-    os.statvfs = lambda path: Tiny() if path == shm.SHM_DIR else statvfs(path)
+    os.statvfs = lambda path: Tiny() if path == shared_memory.SHM_DIR else statvfs(path)
     try:
         collectives.init("shm")
     except collectives.CollectiveError as error:
@@ -143,7 +142,9 @@ def errors_scenario() -> None:
         raise AssertionError("a /dev/shm too small went unnoticed")
     os.statvfs = statvfs
 
-    on_one_node, shm.on_one_node = shm.on_one_node, lambda comm: False  # as if on two nodes
+    # As if on two nodes: both where `init` looks (bootstrap) and where the transport does.
+    on_one_node = bootstrap.on_one_node
+    bootstrap.on_one_node = slots.on_one_node = lambda comm: False
     try:
         collectives.init("shm")
     except collectives.CollectiveError as error:
@@ -153,7 +154,8 @@ def errors_scenario() -> None:
     with collectives.init("auto") as comm:
         assert comm.transport == "mpi"
         assert comm.all_reduce(numpy.arange(5) + comm.rank).tolist() == [1, 3, 5, 7, 9]
-    shm.on_one_node, shm.create_segment = on_one_node, create
+    bootstrap.on_one_node = slots.on_one_node = on_one_node
+    shared_memory.create_region = create
 
     # A rank that waits on a dead peer stops at once, not at the timeout.
     with collectives.init("shm", timeout=60) as comm:
@@ -172,8 +174,8 @@ def errors_scenario() -> None:
 
 # ---- the tests -----------------------------------------------------------------------------
 
-def segments_of(output: str) -> list[str]:
-    paths = re.findall(r"segment (/dev/shm/ringcc-[0-9a-f]{32})", output)
+def regions_of(output: str) -> list[str]:
+    paths = re.findall(r"region (/dev/shm/ringcc-[0-9a-f]{32})", output)
     assert paths, output
     return paths
 
@@ -185,43 +187,43 @@ def assert_gone(paths: list[str]) -> None:
 def test_many_segments_through_the_slots_and_always_the_ring():
     job = mpiexec(3, __file__, "collectives", "64", "0", timeout=60)
     assert job.stdout.count("collectives ok") == 3
-    assert_gone(segments_of(job.stdout))
+    assert_gone(regions_of(job.stdout))
 
 
 def test_always_one_shot():
     job = mpiexec(3, __file__, "collectives", "4096", str(1 << 20), timeout=60)
     assert job.stdout.count("collectives ok") == 3
-    assert_gone(segments_of(job.stdout))
+    assert_gone(regions_of(job.stdout))
 
 
 def test_the_ring_on_four_ranks_sharing_two_cores():
     job = mpiexec(4, __file__, "collectives", "1024", "0", timeout=60)
     assert job.stdout.count("collectives ok") == 4
-    assert_gone(segments_of(job.stdout))
+    assert_gone(regions_of(job.stdout))
 
 
 def test_nothing_left_after_an_exception():
     job = mpiexec(3, __file__, "failure", "raise", timeout=60, check=False)
     assert job.returncode != 0
     assert "rank 1 fails on purpose" in job.stderr
-    assert_gone(segments_of(job.stdout))
+    assert_gone(regions_of(job.stdout))
 
 
 def test_nothing_left_after_kill_9_and_the_job_ends():
     job = mpiexec(3, __file__, "failure", "kill", timeout=60, check=False)
     assert job.returncode != 0
-    assert_gone(segments_of(job.stdout))
+    assert_gone(regions_of(job.stdout))
 
 
-def test_errors_come_before_any_segment_and_segments_are_0600():
+def test_errors_come_before_any_region_and_regions_are_0600():
     job = mpiexec(2, __file__, "errors", timeout=60)
     assert job.stdout.count("errors ok") == 2
-    assert_gone(segments_of(job.stdout))
+    assert_gone(regions_of(job.stdout))
 
 
 SCENARIOS = {"collectives": collectives_scenario, "failure": failure_scenario,
              "errors": errors_scenario}
 
 if __name__ == "__main__":
-    record_segments()
+    record_regions()
     SCENARIOS[sys.argv[1]](*sys.argv[2:])

@@ -15,8 +15,8 @@ import pytest
 
 import collectives
 from launch import ROOT, mpiexec, rank_env
-from trainer.__main__ import (CHECKPOINT, Position, load_checkpoint, parse_args,
-                              save_checkpoint)
+from trainer.__main__ import parse_args
+from trainer.checkpoint import CHECKPOINT, Position, load_checkpoint, save_checkpoint
 from trainer.data import DistributedSampler, mnist, read_idx, synthetic
 from trainer.nn import MLP, Linear
 from trainer.optim import SGD

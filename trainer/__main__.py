@@ -15,31 +15,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
-import traceback
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy
 
 import collectives
-from collectives import Communicator, chunk_bounds
-from collectives.communicator import array_module
+from collectives import Communicator, array_module_of, chunk_bounds, module_for_device, to_numpy
 
+from .checkpoint import CHECKPOINT, Position, load_checkpoint, save_checkpoint
 from .data import DATASETS, Dataset, DistributedSampler, load
 from .ddp import DistributedDataParallel
 from .nn import MLP, Module
 from .optim import SGD
+from .progress import EpochProgress
 from .tensor import Tensor, cross_entropy
-
-CHECKPOINT = "checkpoint.npz"
-# Options a resumed run must share with the run that wrote the checkpoint: they fix which
-# samples each step sees and the shape of the model.
-RESUME_MUST_MATCH = ("dataset", "hidden", "batch_size", "seed")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -96,51 +87,10 @@ def widths(text: str) -> list[int]:
     return sizes
 
 
-@dataclass
-class Position:
-    """Where training stands: everything a checkpoint restores besides the arrays."""
-
-    epoch: int = 0  # the epoch in progress, from 0
-    step: int = 0  # steps done in that epoch
-    global_step: int = 0
-    loss_sum: float = 0.0  # sum of this epoch's global-batch losses so far
-    seconds: float = 0.0  # training time of this epoch so far (rank 0's clock)
-    comm_s: float = 0.0  # of which inside all-reduce
-    history: list[dict] = field(default_factory=list)  # metrics of the finished epochs
-
-
-class ProgressBar:
-    """One line on stderr, redrawn at most ten times a second."""
-
-    def __init__(self, enabled: bool, width: int = 30) -> None:
-        self.enabled, self.width, self.drawn, self.open = enabled, width, 0.0, False
-
-    def show(self, label: str, done: int, total: int, loss: Any) -> None:
-        now = time.monotonic()
-        if not self.enabled or (done < total and now - self.drawn < 0.1):
-            return
-        self.drawn, self.open = now, True
-        filled = self.width * done // max(total, 1)
-        bar = "=" * filled + (">" if filled < self.width else "") + " " * (self.width - filled - 1)
-        sys.stderr.write(f"\r{label} [{bar[:self.width]}] {done}/{total} loss {float(loss):.4f}")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.open:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
-            self.open = False
-
-
-def host(array: Any) -> numpy.ndarray:
-    """A NumPy copy of a NumPy or CuPy array."""
-    return array if isinstance(array, numpy.ndarray) else array.get()
-
-
 def evaluate(model: Module, x: Any, y: Any, comm: Communicator) -> float:
     """Accuracy on (x, y): each rank scores a slice, the counts are summed."""
     lo, hi = chunk_bounds(len(y), comm.size)[comm.rank]
-    xp = array_module(y)  # the arrays the communicator moves
+    xp = array_module_of(y)  # the arrays the communicator moves
     correct = xp.zeros(1, xp.int64)
     if hi > lo:
         logits = model(Tensor(x[lo:hi])).data
@@ -148,50 +98,9 @@ def evaluate(model: Module, x: Any, y: Any, comm: Communicator) -> float:
     return int(comm.all_reduce(correct)[0]) / len(y)
 
 
-def save_checkpoint(directory: Path, model: Module, optimizer: SGD, position: Position,
-                    config: dict) -> None:
-    """Write the checkpoint to a temporary file, then rename it over the old one: a reader
-    (or a crash) never sees half a checkpoint."""
-    directory.mkdir(parents=True, exist_ok=True)
-    arrays = {f"model/{k}": host(v) for k, v in model.state_dict().items()}
-    arrays.update({f"optimizer/{k}": host(v) for k, v in optimizer.state_dict().items()})
-    meta = json.dumps({"position": asdict(position), "config": config})
-    partial = directory / f".{CHECKPOINT}.{os.getpid()}.tmp"
-    try:
-        with open(partial, "wb") as f:
-            numpy.savez(f, meta=numpy.array(meta), **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(partial, directory / CHECKPOINT)
-    finally:
-        partial.unlink(missing_ok=True)
-
-
-def load_checkpoint(path: Path, model: Module, optimizer: SGD, config: dict) -> Position:
-    with numpy.load(path) as f:
-        meta = json.loads(str(f["meta"]))
-        for key in RESUME_MUST_MATCH:
-            if meta["config"][key] != config[key]:
-                raise SystemExit(f"{path} was written with --{key.replace('_', '-')} "
-                                 f"{meta['config'][key]}, not {config[key]}: resume with "
-                                 f"the same {', '.join(RESUME_MUST_MATCH)}")
-        model.load_state_dict({k[6:]: f[k] for k in f.files if k.startswith("model/")})
-        optimizer.load_state_dict({k[10:]: f[k] for k in f.files if k.startswith("optimizer/")})
-    return Position(**meta["position"])
-
-
-def device_module(device: str) -> ModuleType:
-    """numpy, or cupy for --device cuda (`collectives.init` has made this rank's GPU current)."""
-    if device == "cpu":
-        return numpy
-    import cupy
-
-    return cupy
-
-
 def train(args: argparse.Namespace, comm: Communicator) -> dict:
     """Run the whole training; returns the metrics (on every rank)."""
-    xp = device_module(args.device)
+    xp = module_for_device(args.device)
     data: Dataset = load(args.dataset, args.data_dir)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     model = MLP([data.features, *args.hidden, data.classes], seed=args.seed, xp=xp)
@@ -219,11 +128,11 @@ def train(args: argparse.Namespace, comm: Communicator) -> dict:
     def at_limit() -> bool:
         return args.steps is not None and position.global_step >= args.steps
 
-    bar = ProgressBar(lead)
     metrics = list(position.history)
     while position.epoch < args.epochs and not at_limit():
-        label = f"epoch {position.epoch + 1}/{args.epochs}"
         batches = sampler.batches(position.epoch)
+        progress = EpochProgress(lead, f"epoch {position.epoch + 1}/{args.epochs}",
+                                 position.step, len(batches))
         local_loss = xp.zeros((), xp.float64)
         start, comm_start = time.perf_counter(), ddp.comm_seconds
         for index in batches[position.step:]:
@@ -238,9 +147,8 @@ def train(args: argparse.Namespace, comm: Communicator) -> dict:
             position.step += 1
             position.global_step += 1
             # rank 0's own mean loss, from its slice of the batch
-            bar.show(label, position.step, len(batches),
-                     loss.data * args.batch_size / (comm.size * len(index)))
-        bar.close()
+            progress.step(loss.data * args.batch_size / (comm.size * len(index)))
+        progress.close()
         position.seconds += time.perf_counter() - start
         position.comm_s += ddp.comm_seconds - comm_start
         losses = comm.all_reduce(xp.asarray([float(local_loss)]))
@@ -266,7 +174,8 @@ def train(args: argparse.Namespace, comm: Communicator) -> dict:
     accuracy = metrics[-1]["test_accuracy"] if metrics else evaluate(model, x_test, y_test, comm)
     if args.out is not None and lead:
         args.out.mkdir(parents=True, exist_ok=True)
-        numpy.savez(args.out / "params.npz", **{k: host(v) for k, v in model.state_dict().items()})
+        params = {k: to_numpy(v) for k, v in model.state_dict().items()}
+        numpy.savez(args.out / "params.npz", **params)
         (args.out / "metrics.json").write_text(json.dumps(
             {"epochs": metrics, "test_accuracy": accuracy, "ranks": comm.size,
              "config": config}, indent=2) + "\n")
@@ -282,18 +191,8 @@ def main(argv: list[str] | None = None) -> None:
         comm = collectives.init(transport=args.transport, device=args.device)
     except collectives.CollectiveError as error:  # no CuPy or no GPU, for one
         raise SystemExit(f"python -m trainer: {error}")
-    with comm:
-        try:
-            train(args, comm)
-        except Exception:
-            if comm.size == 1:
-                raise
-            # The other ranks would wait for this one until their timeout: end the job now.
-            traceback.print_exc()
-            sys.stderr.flush()
-            from mpi4py import MPI
-
-            MPI.COMM_WORLD.Abort(1)
+    with comm:  # on more than one rank, an exception that escapes aborts the job (job.py)
+        train(args, comm)
 
 
 if __name__ == "__main__":

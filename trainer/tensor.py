@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import numpy
 
-from collectives.communicator import array_module
+from collectives import array_module_of
 
 
 def _unbroadcast(grad: Any, shape: tuple[int, ...]) -> Any:
@@ -50,7 +50,7 @@ class Tensor:
     @property
     def xp(self) -> Any:
         """numpy or cupy: the module that owns `data`."""
-        return array_module(self.data)
+        return array_module_of(self.data)
 
     @property
     def shape(self) -> tuple[int, ...]:

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import numpy
 
-from .errors import TimeoutError
+from .errors import CollectiveTimeoutError
 
 # A reduction is a binary ufunc of the array module: op(mine, incoming, out=acc).
 ReduceOp = Callable[..., Any]
@@ -99,10 +99,22 @@ class Transport(ABC):
         self.spin = 50
         self.stats = Stats()
         self.trace: list[dict] | None = None  # a list while tracing, else None (free when off)
+        # Test hook: called with each transfer's record, as the trace gets it (see `_count`).
+        self.on_transfer: Callable[[dict], None] | None = None
         self.where = ""  # what the caller is doing, for error messages ("all_reduce #3")
         self.phase = ""  # which pass of the algorithm is running ("reduce-scatter"), for traces
         self.step = 0  # which step of that pass, for traces and error messages
         self.closed = False
+
+    # ---- what the caller is doing, for traces and error messages ------------------------
+
+    def begin(self, where: str) -> None:
+        """A new call starts: `where` names it ("all_reduce #3") until the next one."""
+        self.where, self.phase, self.step = where, "", 0
+
+    def at(self, phase: str, step: int = 0) -> None:
+        """The algorithm is at `step` of `phase` ("reduce-scatter", 2)."""
+        self.phase, self.step = phase, step
 
     # ---- the seam: what algorithms call -------------------------------------------------
 
@@ -145,20 +157,23 @@ class Transport(ABC):
         """Receive from `src` into `buf`."""
         self.sendrecv(None, None, buf, src)
 
-    def all_inputs(self, buf: Any) -> list[Any]:
+    def all_inputs(self, buf: Any, counted: bool = True) -> list[Any]:
         """Every rank's `buf`, in rank order.
 
         Every rank calls it with a flat buffer of the same size and dtype. The arrays returned
         never alias `buf` (so `buf` may be overwritten while they are read), and stay valid
-        only until this rank's next collective: read them before returning.
+        only until this rank's next collective: read them before returning. Uncounted, the
+        exchange stays out of `stats` and traces: the call check uses it, so that they show
+        only the collectives' own traffic.
         """
         if buf.ndim != 1 or not buf.flags.c_contiguous:
             raise ValueError("transports move flat contiguous arrays only")
         if self.size == 1 or buf.size == 0:
             return [buf.copy() for _ in range(self.size)]
-        for step in range(1, self.size):
-            self._count("copy", buf, (self.rank + step) % self.size,
-                        buf, (self.rank - step) % self.size)
+        if counted:
+            for step in range(1, self.size):
+                self._count("copy", buf, (self.rank + step) % self.size,
+                            buf, (self.rank - step) % self.size)
         return self._all_inputs(buf)
 
     def barrier(self) -> None:
@@ -233,7 +248,7 @@ class Transport(ABC):
             self._check_peer(peer)
             if time.monotonic() > deadline:
                 waited = [peer] if peer is not None else late() if late is not None else []
-                raise TimeoutError(
+                raise CollectiveTimeoutError(
                     f"rank {self.rank} waited {self.timeout:g} s for {what}"
                     + (f" from rank{'s' if len(waited) > 1 else ''} "
                        f"{', '.join(map(str, waited))}" if waited else "")
@@ -261,8 +276,8 @@ class Transport(ABC):
             self.stats.messages += 1
         if recvbuf is not None:
             self.stats.bytes_received += recvbuf.nbytes
-        if self.trace is not None:
-            self.trace.append({
+        if self.trace is not None or self.on_transfer is not None:
+            record = {
                 "rank": self.rank, "kind": kind, "where": self.where,
                 "phase": self.phase, "step": self.step,
                 "dst": dst if sendbuf is not None else None,
@@ -270,7 +285,11 @@ class Transport(ABC):
                 "src": src if recvbuf is not None else None,
                 "recv": element_span(recvbuf) if recvbuf is not None else None,
                 "bytes": sendbuf.nbytes if sendbuf is not None else 0,
-            })
+            }
+            if self.trace is not None:
+                self.trace.append(record)
+            if self.on_transfer is not None:
+                self.on_transfer(record)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} rank {self.rank} of {self.size}>"

@@ -1,10 +1,10 @@
 """CUDA IPC on one node: ranks copy, and reduce, straight out of each other's device memory.
 
-This is the shared-memory transport (shm.py) with its data moved to the GPU. The protocol is
-the same class, `ShmTransport`: slots that carry a message a segment at a time, one-shot areas
-for small all-reduces, and the control lines (which slot holds which segment, what each rank
-has consumed, barrier counts) in a host shared-memory segment, where the CPU polls them. Only
-where the data lives, and how it is copied and reduced, differ:
+The slot protocol (slots.py) with its data on the GPU: slots that carry a message a segment at
+a time, one-shot areas for small all-reduces, and the control lines (which slot holds which
+segment, what each rank has consumed, barrier counts) in a host shared-memory region, where
+the CPU polls them. Only where the data lives, and how it is copied and reduced, differ from
+shm, and `CudaIpcMemory` says so:
 
     memory    each rank allocates its slots and one-shot areas with `cupy.cuda.Memory`, a plain
               cudaMalloc outside CuPy's pool (a pooled block shares its allocation with
@@ -34,60 +34,103 @@ within CLOSE_TIMEOUT_S, the memory is kept until the process exits instead.
 
 Rank r of the node uses GPU r mod (number of GPUs); several ranks may share one GPU. With
 several GPUs, every pair must be peer-accessible (P2P), which opening a handle enables.
-
-The CuPy helpers at the bottom (`copy_bytes`, `pinned_empty`) also serve the MPI transport,
-which stages device arrays through pinned host memory when the MPI library cannot take them.
 """
 
 from __future__ import annotations
 
-from types import ModuleType
 from typing import Any
 
 import numpy
 from mpi4py import MPI
 
-from .base import ReduceOp, buffer_address
+from .base import ReduceOp
+from .cuda import copy_bytes, require_cupy, use_gpu
 from .errors import CollectiveError
-from .shm import ShmTransport
-
-try:
-    import cupy
-except ImportError:  # CuPy is optional: `require_cupy` says what is missing
-    cupy = None
+from .slots import SlotTransport
 
 CLOSE_TIMEOUT_S = 10.0
 _kept: list[Any] = []  # device memory a peer may still map (see the module docstring)
 
 
-def require_cupy() -> ModuleType:
-    """CuPy, once it is known to see a GPU; a CollectiveError that says what is missing if not."""
-    if cupy is None:
-        raise CollectiveError("device='cuda' needs CuPy, which is not installed here: "
-                              "pip install 'ringcc[cuda12]' (or cuda13)")
-    try:
-        count = cupy.cuda.runtime.getDeviceCount()
-    except cupy.cuda.runtime.CUDARuntimeError as error:
-        raise CollectiveError(f"device='cuda' needs a CUDA GPU, but CuPy finds none here "
-                              f"({error})") from None
-    if count == 0:
-        raise CollectiveError("device='cuda' needs a CUDA GPU, but CuPy finds none here")
-    return cupy
+class CudaIpcMemory:
+    """Slot memory on the GPU, shared through CUDA IPC handles."""
+
+    device = "cuda"
+    in_host_region = False  # the host regions hold only the control lines
+
+    def __init__(self) -> None:
+        self.xp = require_cupy()
+        self.own = None  # this rank's device memory: its slots and one-shot areas
+        self.opened: list[int] = []  # peers' memory mapped here, unmapped by `unmap_peers`
+        self.gpu = None  # the device this rank uses, chosen in `share`
+
+    def share(self, comm: MPI.Comm, regions: list[Any], offset: int, nbytes: int) -> list[Any]:
+        """Allocate this rank's data in device memory and map every peer's (rank order).
+
+        Collective. Each step ends in an agreement, so when any rank fails every rank raises.
+        """
+        use_gpu(comm)
+        self.gpu = self.xp.cuda.Device()
+        runtime = self.xp.cuda.runtime
+        rank = comm.Get_rank()
+        mine, failure = None, None
+        try:
+            self.own = self.xp.cuda.Memory(nbytes)
+            # The data starts at the allocation's base, so its offset from what the handle
+            # names is 0.
+            mine = (runtime.ipcGetMemHandle(self.own.ptr), 0, nbytes)
+        except (MemoryError, runtime.CUDARuntimeError) as error:
+            failure = error
+        shared = comm.allgather(mine)
+        if None in shared:
+            raise CollectiveError(f"rank {shared.index(None)} could not allocate {nbytes} bytes "
+                                  f"of device memory for the cuda_ipc transport; pass a smaller "
+                                  f"segment_bytes") from failure
+        data = []
+        try:
+            for peer, (handle, start, size) in enumerate(shared):
+                if peer == rank:  # a process cannot open its own handle
+                    data.append(self.xp.ndarray((nbytes,), numpy.uint8,
+                                                self.xp.cuda.MemoryPointer(self.own, 0)))
+                    continue
+                base = runtime.ipcOpenMemHandle(handle)
+                self.opened.append(base)
+                # Reached from this rank's GPU (through P2P if the memory is on another), so
+                # CuPy is told it is on this GPU.
+                memory = self.xp.cuda.UnownedMemory(base + start, size, None, self.gpu.id)
+                data.append(self.xp.ndarray((size,), numpy.uint8,
+                                            self.xp.cuda.MemoryPointer(memory, 0)))
+        except runtime.CUDARuntimeError as error:
+            failure = error
+        if not comm.allreduce(failure is None, op=MPI.LAND):
+            self.unmap_peers()
+            raise CollectiveError("a rank could not map its peers' device memory through CUDA "
+                                  "IPC (with several GPUs, every pair must be peer-accessible)"
+                                  ) from failure
+        return data
+
+    def copy(self, dst: Any, src: Any) -> None:
+        copy_bytes(dst, src)
+
+    def reduce(self, op: ReduceOp, out: Any, mine: Any, theirs: Any) -> None:
+        op(mine, theirs, out=out)
+        self.xp.cuda.get_current_stream().synchronize()
+
+    def settle(self) -> None:
+        self.gpu.synchronize()  # see the module docstring: reads of the previous call
+
+    def unmap_peers(self) -> None:
+        """Close every peer's handle opened here."""
+        runtime = self.xp.cuda.runtime
+        for base in self.opened:
+            try:
+                runtime.ipcCloseMemHandle(base)
+            except runtime.CUDARuntimeError:  # a failed kernel broke the context: nothing to do
+                pass
+        self.opened = []
 
 
-def use_gpu(comm: MPI.Comm) -> ModuleType:
-    """CuPy, with GPU (rank on this node) mod (GPUs) made current on this thread. Collective."""
-    cp = require_cupy()
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        local = node.Get_rank()
-    finally:
-        node.Free()
-    cp.cuda.Device(local % cp.cuda.runtime.getDeviceCount()).use()
-    return cp
-
-
-class CudaIpcTransport(ShmTransport):
+class CudaIpcTransport(SlotTransport):
     """Ranks of `comm` (default `MPI.COMM_WORLD`), all on one node, moving CuPy arrays."""
 
     name = "cuda_ipc"
@@ -96,94 +139,21 @@ class CudaIpcTransport(ShmTransport):
     # synchronisations cost more than one exchange.
     default_segment_bytes = 16 << 20
     default_one_shot_bytes = 1 << 20
-    data_on_host = False  # slots and one-shot areas live in device memory
 
     def __init__(self, comm: MPI.Comm | None = None, **options: Any) -> None:
-        super().__init__(comm, xp=require_cupy(), **options)
-
-    def _setup(self) -> None:
-        use_gpu(self.comm)
-        self.device = self.xp.cuda.Device()
-        self._memory = None  # this rank's device memory: its slots and one-shot areas
-        self._opened: list[int] = []  # peers' memory mapped here, unmapped at close
-        super()._setup()
-
-    # ---- where the data lives ---------------------------------------------------------------
-
-    def _share_data(self, segments: list[Any], offset: int, nbytes: int) -> list[Any]:
-        """Allocate this rank's data in device memory and map every peer's (rank order).
-
-        Collective. Each step ends in an agreement, so when any rank fails every rank raises.
-        """
-        runtime = self.xp.cuda.runtime
-        mine, failure = None, None
-        try:
-            self._memory = self.xp.cuda.Memory(nbytes)
-            # The data starts at the allocation's base, so its offset from what the handle
-            # names is 0.
-            mine = (runtime.ipcGetMemHandle(self._memory.ptr), 0, nbytes)
-        except (MemoryError, runtime.CUDARuntimeError) as error:
-            failure = error
-        shared = self.comm.allgather(mine)
-        if None in shared:
-            raise CollectiveError(f"rank {shared.index(None)} could not allocate {nbytes} bytes "
-                                  f"of device memory for the cuda_ipc transport; pass a smaller "
-                                  f"segment_bytes") from failure
-        data = []
-        try:
-            for rank, (handle, start, size) in enumerate(shared):
-                if rank == self.rank:  # a process cannot open its own handle
-                    data.append(self.xp.ndarray((nbytes,), numpy.uint8,
-                                                self.xp.cuda.MemoryPointer(self._memory, 0)))
-                    continue
-                base = runtime.ipcOpenMemHandle(handle)
-                self._opened.append(base)
-                # Reached from this rank's GPU (through P2P if the memory is on another), so
-                # CuPy is told it is on this GPU.
-                memory = self.xp.cuda.UnownedMemory(base + start, size, None, self.device.id)
-                data.append(self.xp.ndarray((size,), numpy.uint8,
-                                            self.xp.cuda.MemoryPointer(memory, 0)))
-        except runtime.CUDARuntimeError as error:
-            failure = error
-        if not self.comm.allreduce(failure is None, op=MPI.LAND):
-            self._unmap_peers()
-            raise CollectiveError("a rank could not map its peers' device memory through CUDA "
-                                  "IPC (with several GPUs, every pair must be peer-accessible)"
-                                  ) from failure
-        return data
-
-    def _copy(self, dst: Any, src: Any) -> None:
-        copy_bytes(dst, src)
-
-    def _reduce(self, op: ReduceOp, out: Any, mine: Any, theirs: Any) -> None:
-        op(mine, theirs, out=out)
-        self.xp.cuda.get_current_stream().synchronize()
-
-    def _all_inputs(self, buf: Any) -> list[Any]:
-        self.device.synchronize()  # see the module docstring: reads of the previous call
-        return super()._all_inputs(buf)
-
-    # ---- lifetime ---------------------------------------------------------------------------
-
-    def _unmap_peers(self) -> None:
-        runtime = self.xp.cuda.runtime
-        for base in self._opened:
-            try:
-                runtime.ipcCloseMemHandle(base)
-            except runtime.CUDARuntimeError:  # a failed kernel broke the context: nothing to do
-                pass
-        self._opened = []
+        super().__init__(comm, CudaIpcMemory(), **options)
 
     def close(self) -> None:
         if self.closed:
             return
+        memory = self.memory
         try:
-            self.device.synchronize()  # our kernels that read peers' memory have finished
+            memory.gpu.synchronize()  # our kernels that read peers' memory have finished
         except self.xp.cuda.runtime.CUDARuntimeError:
             pass  # a failed kernel left the context unusable; what follows only releases
         self._data, self._slots, self._areas = [], [], []  # no view outlives its mapping
-        self._unmap_peers()
-        kept, self._memory = self._memory, None  # kept until every peer has unmapped it
+        memory.unmap_peers()
+        kept, memory.own = memory.own, None  # kept until every peer has unmapped it
         timeout, self.timeout = self.timeout, min(self.timeout, CLOSE_TIMEOUT_S)
         try:
             self.barrier()
@@ -195,21 +165,3 @@ class CudaIpcTransport(ShmTransport):
                 _kept.append(kept)
             self.timeout = timeout
             super().close()
-
-
-# ---- CuPy helpers, shared with the MPI transport -------------------------------------------
-
-def copy_bytes(dst: Any, src: Any) -> None:
-    """Copy contiguous `src` into `dst` (of as many bytes), each on the host or a device, on the
-    current stream; complete when it returns."""
-    stream = cupy.cuda.get_current_stream()
-    cupy.cuda.runtime.memcpyAsync(buffer_address(dst), buffer_address(src), dst.nbytes,
-                                  cupy.cuda.runtime.memcpyDefault, stream.ptr)
-    stream.synchronize()
-
-
-def pinned_empty(nbytes: int) -> numpy.ndarray:
-    """`nbytes` of page-locked host memory as a NumPy array: the GPU copies it by DMA."""
-    import cupyx
-
-    return cupyx.empty_pinned(nbytes, numpy.uint8)

@@ -17,8 +17,11 @@ class InvalidTypeError(CollectiveError, TypeError):
     """An argument of the wrong type (not an array, NumPy mixed with CuPy): nothing was sent."""
 
 
-class TimeoutError(CollectiveError):
-    """A wait ran past the communicator's timeout."""
+class CollectiveTimeoutError(CollectiveError, TimeoutError):
+    """A wait ran past the communicator's timeout (also a builtin `TimeoutError`)."""
+
+
+TimeoutError = CollectiveTimeoutError  # the name it had before; shadows the builtin only here
 
 
 class MismatchError(CollectiveError):

@@ -23,6 +23,8 @@ import numpy
 from mpi4py import MPI
 
 from .base import ReduceOp, Transport, segments
+from .bootstrap import duplicated, start
+from .cuda import copy_bytes, pinned_empty, use_gpu
 from .errors import InvalidArgumentError
 
 TAG = 17
@@ -30,27 +32,6 @@ TAG = 17
 
 def _bytes(buf: Any) -> list:
     return [buf.view(numpy.uint8), MPI.BYTE]
-
-
-def oversubscribed(comm: MPI.Comm) -> bool:
-    """True when the ranks of `comm` on this node outnumber the cores they may run on."""
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        cores = set().union(*node.allgather(os.sched_getaffinity(0)))
-        return node.Get_size() > len(cores)
-    finally:
-        node.Free()
-
-
-def check_same_options(comm: MPI.Comm, transport: Transport) -> None:
-    """Every rank must cut messages into the same segments and choose the same all-reduce path:
-    a rank whose `segment_bytes` or `one_shot_bytes` (arguments or environment) differ would
-    read its peers' messages wrongly or wait for messages that never come."""
-    chosen = comm.allgather((transport.segment_bytes, transport.one_shot_bytes))
-    if len(set(chosen)) > 1:
-        raise InvalidArgumentError(
-            "segment_bytes and one_shot_bytes must be the same on every rank; got, by rank: "
-            + ", ".join(f"{r}: {s}, {o}" for r, (s, o) in enumerate(chosen)))
 
 
 def cuda_aware(comm: MPI.Comm) -> bool:
@@ -82,25 +63,21 @@ class MPITransport(Transport):
     # the ring's 2(N-1) steps.
     default_one_shot_bytes = 64 << 10
 
-    def __init__(self, comm: MPI.Comm | None = None, **options: Any) -> None:
-        self.comm = (comm if comm is not None else MPI.COMM_WORLD).Dup()
-        try:
-            super().__init__(self.comm.Get_rank(), self.comm.Get_size(), **options)
-            check_same_options(self.comm, self)
-            if oversubscribed(self.comm):
-                self.spin = 0
+    def __init__(self, comm: MPI.Comm | None = None, *, device: str = "cpu",
+                 **options: Any) -> None:
+        if device not in ("cpu", "cuda"):
+            raise InvalidArgumentError(f"unknown device {device!r}; expected 'cpu' or 'cuda'")
+        with duplicated(comm) as self.comm:
+            xp = use_gpu(self.comm) if device == "cuda" else numpy
+            super().__init__(self.comm.Get_rank(), self.comm.Get_size(), xp=xp, **options)
+            start(self.comm, self)
             # Two segments of scratch, where the reduction runs: one is reduced while the next
             # one arrives. (A segment holds at least one element; no dtype is wider than 64 B.)
             nbytes = max(self.segment_bytes, 64)
             self._scratch = [self.xp.empty(nbytes, numpy.uint8) for _ in range(2)]
             self.staged = self.xp is not numpy and not cuda_aware(self.comm)
             if self.staged:
-                from .cuda_ipc import pinned_empty
-
                 self._host = [pinned_empty(nbytes) for _ in range(2)]  # outgoing, incoming
-        except BaseException:
-            self.comm.Free()
-            raise
 
     def _wait_all(self, requests: list[MPI.Request], peer: int | None, what: str) -> None:
         self.wait(lambda: MPI.Request.Testall(requests), peer, what)
@@ -159,8 +136,6 @@ class MPITransport(Transport):
 
         Both sides cut a message into the same segments, so they match message by message.
         """
-        from .cuda_ipc import copy_bytes
-
         outgoing, incoming = self._host
         sends = [] if sendbuf is None else segments(sendbuf.size, sendbuf.itemsize,
                                                     self.segment_bytes)

@@ -1,4 +1,4 @@
-"""Draw a recorded schedule (`explain.Run`) as a ring: one frame per step.
+"""Draw a recorded schedule (a `Run`) as a ring: one frame per step.
 
 Ranks stand on a circle, rank 0 at the top and the ring running clockwise. In each frame an
 arrow goes from sender to receiver for every message of that step, coloured and labelled by
@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import math
 import xml.etree.ElementTree as ET
-from typing import TYPE_CHECKING
 
 import numpy
 
-if TYPE_CHECKING:
-    from .explain import Move, Run
+from .run import Run
+from .schedule import Move
 
 SVG_NS = "http://www.w3.org/2000/svg"
 COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",

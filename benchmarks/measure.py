@@ -1,0 +1,179 @@
+"""Measuring: the same buffers for every implementation, checked once, then timed.
+
+Each rank's input is a scrambled function of (rank, index) (`rank_data`), and the result every
+rank must hold comes from a NumPy reference (`reduce_ranks` for the reductions). Before it is
+timed, an implementation makes one call into a poisoned result buffer and the wrong elements are
+counted over ranks: the #wrong column.
+
+time:  mean per call over -n iterations (after -w warm-up ones), the slowest rank's.
+algbw: bytes / time.
+busbw: algbw * the collective's factor (all-reduce 2(n-1)/n, ...): what each rank's link
+       carries, so it can be held against the link's bandwidth whatever the collective and
+       rank count (nccl-tests' doc/PERFORMANCE.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from typing import TYPE_CHECKING, Callable
+
+import numpy
+
+from collectives import array_module_of, to_numpy
+from collectives.ops import resolve_op
+
+from . import device
+from .options import Collective
+from .peers import Impl
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+
+# ---- data and the check -------------------------------------------------------------------
+
+PERIOD = 65521  # a prime: the pattern repeats only after this many elements
+RANK_SHIFT = 7919  # how far along the pattern each rank starts
+HASHED = numpy.arange(PERIOD, dtype=numpy.int64) * 2654435761 % PERIOD  # a scrambled 0..PERIOD-1
+DATA_MAX = 4.0  # largest magnitude of a float input
+
+
+def reduce_ranks(data: Callable[[int], numpy.ndarray], ranks: int, op: str) -> numpy.ndarray:
+    """The reference reduction of data(0) .. data(ranks-1).
+
+    Integers wrap as they do in every implementation; floats are reduced in float64, and the
+    check allows the rounding of the dtype (see `tolerance`).
+    """
+    def widened(rank: int) -> numpy.ndarray:
+        block = data(rank)
+        return block.astype(numpy.float64) if block.dtype.kind == "f" else block
+
+    total = widened(0).copy()
+    fold = resolve_op(op, total.dtype, numpy)
+    for rank in range(1, ranks):
+        fold(total, widened(rank), out=total)
+    if op == "avg":
+        total /= ranks
+    return total
+
+
+def rank_data(rank: int, shape: tuple[int, ...], dtype: str, op: str) -> numpy.ndarray:
+    """Rank `rank`'s input: a scrambled function of (rank, index), never uniform, so a block
+    sent to the wrong place or taken from the wrong rank shows.
+
+    Values are small: multiples of 1/8 in [-4, 4) for floats (exact even in float16), 0..63 for
+    integers, and 1..2 under "prod" so that products stay finite.
+    """
+    pattern = numpy.roll(HASHED, -RANK_SHIFT * rank)
+    if numpy.dtype(dtype).kind == "f":
+        values = 1 + (pattern % 8) / 8 if op == "prod" else (pattern % 64 - 32) / 8
+    else:
+        values = 1 + pattern % 2 if op == "prod" else pattern % 64
+    return numpy.resize(values.astype(dtype), shape)
+
+
+def tolerance(dtype: numpy.dtype, ranks: int) -> tuple[float, float]:
+    """(rtol, atol) for a float result of `ranks` contributions of magnitude <= DATA_MAX.
+
+    Each of the ranks-1 additions rounds by at most half an ulp of a partial sum of magnitude
+    <= ranks * DATA_MAX, in whatever order the implementation adds; products round relatively.
+    """
+    eps = float(numpy.finfo(dtype).eps)
+    return ranks * eps, ranks * ranks * eps * DATA_MAX
+
+
+def count_wrong(result: numpy.ndarray, expected: numpy.ndarray, ranks: int) -> int:
+    """Elements of `result` that differ from `expected`: exactly for integers, beyond the
+    rounding of `ranks` contributions for floats (NaN always differs)."""
+    if result.dtype.kind != "f":
+        return int(numpy.count_nonzero(result != expected))
+    rtol, atol = tolerance(result.dtype, ranks)
+    return int(numpy.count_nonzero(~numpy.isclose(result, expected, rtol=rtol, atol=atol)))
+
+
+def poison(result: numpy.ndarray, expected: numpy.ndarray) -> None:
+    """Fill a result buffer with values that are all wrong, so a call that leaves it is caught
+    (and one implementation's result cannot pass for the next one's)."""
+    if result.dtype.kind == "f":
+        result.fill(numpy.nan)
+    else:
+        result[...] = array_module_of(result).asarray(expected + 1)
+
+
+# ---- measuring ----------------------------------------------------------------------------
+
+def settle(request: MPI.Request) -> None:
+    """Complete `request` without spinning in MPI: MPICH busy-polls inside a blocking call,
+    which would take the core of a rank still in its timed loop when ranks outnumber cores."""
+    while not request.Test():
+        os.sched_yield()
+
+
+def reduce_scalar(world: MPI.Comm, value: float, op: MPI.Op) -> float:
+    """`op` (MPI.SUM, MPI.MAX) of one number over all ranks (see `settle`)."""
+    out = numpy.empty(1)
+    settle(world.Iallreduce(numpy.array([value], dtype=numpy.float64), out, op))
+    return float(out[0])
+
+
+def measure(impl: Impl, collective: Collective, send: numpy.ndarray, recv: numpy.ndarray,
+            own: numpy.ndarray, expected: numpy.ndarray | None, op: str, root: int,
+            args: argparse.Namespace, world: MPI.Comm) -> tuple[float, int | None]:
+    """Check once (when `expected` is given), then time: (mean us per call on the slowest
+    rank, elements wrong summed over ranks or None when unchecked)."""
+    from mpi4py import MPI
+
+    send, recv, own = device.mirror(impl.xp, send, recv, own)
+
+    def call() -> None:
+        collective.run(impl.comm, send, recv, op, root)
+
+    wrong = None
+    if expected is not None:
+        send[...] = own  # an in-place call (recv is send) has overwritten it
+        if recv is not send:
+            poison(recv, expected)
+        call()
+        wrong = int(reduce_scalar(world, count_wrong(to_numpy(recv), expected, world.size),
+                                  MPI.SUM))
+    for _ in range(args.warmup_iters):
+        call()
+    device.synchronize(impl.xp)
+    settle(world.Ibarrier())
+    start = time.perf_counter()
+    for _ in range(args.iters):
+        call()
+    device.synchronize(impl.xp)
+    elapsed = (time.perf_counter() - start) / args.iters
+    return reduce_scalar(world, elapsed, MPI.MAX) * 1e6, wrong
+
+
+def measure_size(collective: Collective, impls: list[Impl], count: int, dtype: str, op: str,
+                 root: int, args: argparse.Namespace, world: MPI.Comm) -> dict[str, dict | None]:
+    """Every implementation at one size, on the same buffers: its JSON row by name (None for
+    one that cannot move `dtype`)."""
+    rank, ranks = world.Get_rank(), world.Get_size()
+    send_shape, recv_shape = collective.shapes(count, ranks)
+    own = rank_data(rank, send_shape, dtype, op)
+    send = own.copy()
+    recv = send if recv_shape is None else numpy.empty(recv_shape, dtype)
+    expected = None if not args.check else collective.expected(
+        lambda r: rank_data(r, send_shape, dtype, op), rank, ranks, op, root)
+    nbytes = count * numpy.dtype(dtype).itemsize
+    measured: dict[str, dict | None] = {}
+    for impl in impls:
+        if dtype not in impl.dtypes:
+            measured[impl.name] = None
+            continue
+        time_us, wrong = measure(impl, collective, send, recv, own,
+                                 None if impl.reference else expected, op, root, args, world)
+        algbw = nbytes / time_us / 1e3
+        factor = 1.0 if impl.reference else collective.bus_factor(ranks)
+        measured[impl.name] = {
+            "impl": impl.name, "collective": collective.name, "ranks": ranks, "bytes": nbytes,
+            "count": count, "dtype": dtype, "op": op, "root": root, "time_us": time_us,
+            "algbw_GBps": algbw, "busbw_GBps": algbw * factor,
+            "wrong": wrong}
+    return measured

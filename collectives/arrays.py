@@ -1,0 +1,48 @@
+"""The arrays ringcc moves: NumPy on the host, CuPy on a GPU, and the helpers that tell them
+apart. CuPy is imported only where a CuPy array or device is already in play."""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import numpy
+
+from transports.errors import InvalidArgumentError, InvalidTypeError
+
+
+def array_module_of(buf: Any) -> ModuleType:
+    """numpy or cupy, whichever `buf` belongs to; InvalidTypeError for anything else."""
+    if isinstance(buf, numpy.ndarray):
+        return numpy
+    if type(buf).__module__.startswith("cupy"):
+        import cupy  # only reached with a CuPy array in hand, so CuPy is there
+
+        return cupy
+    raise InvalidTypeError(f"expected a NumPy or CuPy array, got {type(buf).__name__}")
+
+
+def module_for_device(device: str) -> ModuleType:
+    """numpy for "cpu", cupy for "cuda"."""
+    if device == "cpu":
+        return numpy
+    if device == "cuda":
+        import cupy  # optional: only a caller that asked for the GPU needs it
+
+        return cupy
+    raise InvalidArgumentError(f"unknown device {device!r}; expected 'cpu' or 'cuda'")
+
+
+def to_numpy(array: Any) -> numpy.ndarray:
+    """The values of a NumPy or CuPy array as a NumPy array (the array itself if on the host)."""
+    return array if isinstance(array, numpy.ndarray) else array.get()
+
+
+def flat_work(buf: Any, xp: ModuleType) -> tuple[Any, bool]:
+    """A flat contiguous array sharing memory with `buf` if possible, else a copy.
+
+    Returns (work, copied): when copied, the result must be written back into `buf`.
+    """
+    if buf.flags.c_contiguous:
+        return buf.reshape(-1), False
+    return xp.ascontiguousarray(buf).reshape(-1), True

@@ -1,0 +1,5 @@
+"""`python -m collectives.explain ...`: see cli.py."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,210 @@
+"""What the explainer runs: readable data, and one lesson per collective or naive algorithm."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy
+
+from transports.base import segments
+
+from ..chunking import chunk_bounds
+from ..communicator import Communicator
+
+DTYPE = numpy.dtype(numpy.float64)
+EMPTY = numpy.nan  # an element nothing has been written to yet
+REDUCE = {"sum": numpy.add, "prod": numpy.multiply, "min": numpy.minimum,
+          "max": numpy.maximum, "avg": numpy.add}
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What to run: a collective (or naive algorithm) on `size` ranks of `count` elements."""
+
+    collective: str
+    size: int
+    count: int
+    root: int = 0
+    op: str = "sum"
+    segment_bytes: int = DTYPE.itemsize
+
+    @property
+    def block(self) -> int:
+        return self.count // self.size
+
+    @property
+    def nbytes(self) -> int:
+        return self.count * DTYPE.itemsize
+
+
+def readable(rank: int, count: int) -> numpy.ndarray:
+    """The data rank `rank` starts with: r*10 + i, so every value says where it came from."""
+    return rank * 10 + numpy.arange(count, dtype=DTYPE)
+
+
+def _own_data(rank: int, setup: Setup) -> numpy.ndarray:
+    return readable(rank, setup.count)
+
+
+def _everything(rank: int, setup: Setup) -> tuple[int, int]:
+    return 0, setup.count
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lesson:
+    """How to show one collective: how a rank's buffer starts (`start`: the array the trace's
+    offsets refer to, which is also what the explainer shows), how to run the real collective
+    on it (`run`), what each rank's buffer should hold at the end (`target`: NaN where the
+    collective leaves no result), and what each rank should send (`sends`)."""
+
+    title: str
+    piece: str  # what the schedule moves: "chunk", "block", "segment" or "buffer"
+    grid: Callable[[Setup], list[tuple[int, int]]]  # the pieces, as [lo, hi) ranges
+    run: Callable[[Communicator, numpy.ndarray, Setup], Any]
+    target: Callable[[int, Setup], numpy.ndarray]
+    sends: Callable[[Setup], tuple[list[float], str]]  # bytes each rank should send, and why
+    start: Callable[[int, Setup], numpy.ndarray] = _own_data
+    reduces: bool = False
+    rooted: bool = False
+    blocks: bool = False  # the buffer is cut into N equal blocks, so N must divide count
+    # op "avg": the phase after whose last move a rank divides `averaged(rank)` by N.
+    average_phase: str = ""
+    averaged: Callable[[int, Setup], tuple[int, int]] = _everything
+    boxes: bool = False  # naive ring: moves land in two boxes, then reduce into the buffer
+
+
+def _reduced(setup: Setup) -> numpy.ndarray:
+    """NumPy's reduction of every rank's readable buffer: the reference for the reductions."""
+    stack = numpy.stack([readable(r, setup.count) for r in range(setup.size)])
+    total = REDUCE[setup.op].reduce(stack, axis=0)
+    return total / setup.size if setup.op == "avg" else total
+
+
+def _blocks(setup: Setup) -> list[tuple[int, int]]:
+    return [(r * setup.block, (r + 1) * setup.block) for r in range(setup.size)]
+
+
+def _whole(setup: Setup) -> list[tuple[int, int]]:
+    return [(0, setup.count)]
+
+
+def _only(target: numpy.ndarray, lo: int, hi: int) -> numpy.ndarray:
+    """`target` with every element outside [lo, hi) marked as not part of the result."""
+    out = numpy.full_like(target, EMPTY)
+    out[lo:hi] = target[lo:hi]
+    return out
+
+
+def _every_rank(per_rank: Callable[[Setup], float],
+                text: str) -> Callable[[Setup], tuple[list[float], str]]:
+    """The same for every rank: `per_rank(setup)` bytes."""
+    return lambda s: ([per_rank(s)] * s.size, text)
+
+
+def _all_reduce_target(rank: int, setup: Setup) -> numpy.ndarray:
+    return _reduced(setup)
+
+
+def _naive(algorithm: str) -> Callable[[Communicator, numpy.ndarray, Setup], Any]:
+    """Run the naive all-reduce `algorithm` of naive.py in place."""
+    return lambda comm, buf, s: comm.all_reduce(buf, buf, op=s.op, algorithm=algorithm)
+
+
+def _reduce_broadcast_sends(setup: Setup) -> tuple[list[float], str]:
+    others = setup.nbytes if setup.size > 1 else 0
+    sent = [float(others)] * setup.size
+    sent[setup.root] = (setup.size - 1) * setup.nbytes
+    return sent, "the root sends (N-1) S, every other rank S"
+
+
+def _broadcast_sends(setup: Setup) -> tuple[list[float], str]:
+    sent = [float(setup.nbytes)] * setup.size
+    sent[(setup.root - 1) % setup.size] = 0.0  # the end of the chain forwards nothing
+    return sent, "every rank but the end of the chain forwards S once"
+
+
+def _scatter_sends(setup: Setup) -> tuple[list[float], str]:
+    sent = [0.0] * setup.size
+    sent[setup.root] = (setup.size - 1) * setup.nbytes / setup.size
+    return sent, "the root sends (N-1)/N S: every block but its own, once"
+
+
+def _scatter_start(rank: int, setup: Setup) -> numpy.ndarray:
+    if rank == setup.root:
+        return readable(rank, setup.count)
+    return numpy.full(setup.block, EMPTY)
+
+
+def _scatter_run(comm: Communicator, start: numpy.ndarray, setup: Setup) -> numpy.ndarray:
+    if comm.rank == setup.root:
+        return comm.scatter(start.reshape(setup.size, setup.block), None, setup.root)
+    return comm.scatter(None, start, setup.root)
+
+
+def _scatter_target(rank: int, setup: Setup) -> numpy.ndarray:
+    lo, hi = _blocks(setup)[rank]
+    sent = readable(setup.root, setup.count)
+    return _only(sent, lo, hi) if rank == setup.root else sent[lo:hi]
+
+
+def _all_gather_start(rank: int, setup: Setup) -> numpy.ndarray:
+    out = numpy.full(setup.count, EMPTY)
+    lo, hi = _blocks(setup)[rank]
+    out[lo:hi] = readable(rank, setup.block)
+    return out
+
+
+def _all_gather_run(comm: Communicator, start: numpy.ndarray, setup: Setup) -> numpy.ndarray:
+    lo, hi = _blocks(setup)[comm.rank]
+    return comm.all_gather(start[lo:hi].copy(), start.reshape(setup.size, setup.block))
+
+
+def _reduce_scatter_target(rank: int, setup: Setup) -> numpy.ndarray:
+    return _only(_reduced(setup), *_blocks(setup)[rank])
+
+
+LESSONS: dict[str, Lesson] = {
+    "all_reduce": Lesson(
+        title="ring all-reduce", piece="chunk", grid=lambda s: chunk_bounds(s.count, s.size),
+        run=lambda comm, buf, s: comm.all_reduce(buf, buf, op=s.op),
+        target=_all_reduce_target,
+        sends=_every_rank(lambda s: 2 * (s.size - 1) * s.nbytes / s.size,
+                          "2(N-1)/N S each, the least the busiest rank can send"),
+        reduces=True, average_phase="reduce-scatter",
+        averaged=lambda r, s: chunk_bounds(s.count, s.size)[(r + 1) % s.size]),
+    "all_gather": Lesson(
+        title="ring all-gather", piece="block", grid=_blocks, start=_all_gather_start,
+        run=_all_gather_run,
+        target=lambda r, s: numpy.concatenate([readable(k, s.block) for k in range(s.size)]),
+        sends=_every_rank(lambda s: (s.size - 1) * s.nbytes / s.size,
+                          "(N-1)/N S each, S the whole output: the least possible"),
+        blocks=True),
+    "reduce_scatter": Lesson(
+        title="ring reduce-scatter", piece="block", grid=_blocks,
+        run=lambda comm, buf, s: comm.reduce_scatter(buf.reshape(s.size, s.block), op=s.op),
+        target=_reduce_scatter_target,
+        sends=_every_rank(lambda s: (s.size - 1) * s.nbytes / s.size,
+                          "(N-1)/N S each, S the whole input: the least possible"),
+        reduces=True, blocks=True, average_phase="reduce-scatter",
+        averaged=lambda r, s: _blocks(s)[r]),
+    "broadcast": Lesson(
+        title="pipelined ring broadcast", piece="segment",
+        grid=lambda s: segments(s.count, DTYPE.itemsize, s.segment_bytes),
+        run=lambda comm, buf, s: comm.broadcast(buf, s.root),
+        target=lambda r, s: readable(s.root, s.count), sends=_broadcast_sends, rooted=True),
+    "scatter": Lesson(
+        title="scatter from the root", piece="block", grid=_blocks, start=_scatter_start,
+        run=_scatter_run, target=_scatter_target, sends=_scatter_sends, rooted=True,
+        blocks=True),
+    "naive_ring": Lesson(
+        title="whole-buffer ring all-reduce (naive)", piece="buffer", grid=_whole,
+        run=_naive("naive_ring"), target=_all_reduce_target,
+        sends=_every_rank(lambda s: (s.size - 1) * s.nbytes, "(N-1) S each"),
+        reduces=True, average_phase="whole-buffer ring", boxes=True),
+    "reduce_broadcast": Lesson(
+        title="reduce to the root, then broadcast (naive)", piece="buffer", grid=_whole,
+        run=_naive("reduce_broadcast"), target=_all_reduce_target,
+        sends=_reduce_broadcast_sends, reduces=True, average_phase="reduce"),
+}
+ALL_REDUCES = ("all_reduce", "naive_ring", "reduce_broadcast")

@@ -1,0 +1,134 @@
+"""From trace records to a schedule: the messages of each step, and their replay with NumPy."""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from dataclasses import dataclass
+
+import numpy
+
+from .lessons import EMPTY, REDUCE, Lesson, Setup
+
+
+@dataclass(frozen=True)
+class Move:
+    """One message: `src` sent elements send=(offset, count) to `dst`, which received them
+    into recv=(offset, count), copying or reducing ("copy" / "reduce")."""
+
+    src: int
+    dst: int
+    send: tuple[int, int]
+    recv: tuple[int, int]
+    kind: str
+    phase: str
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Divide:
+    """Op "avg": after a step, `rank` divides its elements [lo, hi) by N."""
+
+    rank: int
+    lo: int
+    hi: int
+
+
+def drop_scatter_headers(records: list[dict]) -> list[dict]:
+    """Scatter sends each rank a small header (the block's shape) before its block; the
+    header is not part of the schedule."""
+    return [record for record in records if record["phase"] != "scatter header"]
+
+
+def schedule(records: list[list[dict]]) -> list[list[Move]]:
+    """Group the recorded transfers of every rank into steps that happen together.
+
+    A send on one rank and its receive on another are one message (messages between two ranks
+    arrive in order, so the k-th send from a to b is the k-th receive on b from a), and belong
+    to the same step; each rank takes part in at most one step at a time, in the order it
+    recorded. Each step is as early as these two rules allow.
+    """
+    sends: dict[tuple[int, int], deque] = defaultdict(deque)
+    for rank, mine in enumerate(records):
+        for index, record in enumerate(mine):
+            if record["dst"] is not None:
+                sends[(rank, record["dst"])].append(index)
+    pairs = []  # (sender, its record, receiver, its record)
+    for rank, mine in enumerate(records):
+        for index, record in enumerate(mine):
+            if record["src"] is not None:
+                queue = sends[(record["src"], rank)]
+                if not queue:
+                    raise ValueError(f"rank {rank} received from rank {record['src']}, "
+                                     f"which recorded no matching send")
+                pairs.append((record["src"], queue.popleft(), rank, index))
+    if any(sends.values()):
+        raise ValueError("the trace has sends that no rank received")
+
+    time = [list(range(len(mine))) for mine in records]
+    for _ in range(sum(map(len, records)) + 1):
+        changed = False
+        for a, i, b, j in pairs:
+            both = max(time[a][i], time[b][j])
+            changed |= (time[a][i], time[b][j]) != (both, both)
+            time[a][i] = time[b][j] = both
+        for mine in time:
+            for index in range(1, len(mine)):
+                if mine[index] <= mine[index - 1]:
+                    mine[index], changed = mine[index - 1] + 1, True
+        if not changed:
+            break
+    else:
+        raise ValueError("the recorded transfers cannot be put in steps (a cycle of waits)")
+
+    steps = sorted({t for mine in time for t in mine})
+    frames: list[list[Move]] = [[] for _ in steps]
+    for a, i, b, j in sorted(pairs, key=lambda p: (time[p[0]][p[1]], p[0])):
+        sent, received = records[a][i], records[b][j]
+        frames[steps.index(time[a][i])].append(Move(
+            a, b, tuple(sent["send"]), tuple(received["recv"]), received["kind"],
+            received["phase"], sent["bytes"]))
+    return frames
+
+
+def replay(lesson: Lesson, setup: Setup, frames: list[list[Move]],
+           records: list[list[dict]]) -> tuple[list[list[numpy.ndarray]], list[list[Divide]]]:
+    """Every rank's buffer at the start and after each step, by replaying the moves with NumPy;
+    and, for each step, the ranges ranks divide after it (op "avg").
+
+    Each step first reads everything that is sent, then lands it: a rank never sends what it
+    receives in the same step. For op "avg", a rank divides its reduced range by N after the
+    last step in which it received during `lesson.average_phase`, as the algorithms do.
+    """
+    op = REDUCE[setup.op]
+    shown = [lesson.start(r, setup) for r in range(setup.size)]
+    moved = [numpy.concatenate([b, numpy.full(b.size, EMPTY)]) if lesson.boxes else b
+             for b in shown]
+    divide_after = {}  # rank -> after how many of its steps it divides
+    if setup.op == "avg":
+        for rank, mine in enumerate(records):
+            reduced = [k for k, r in enumerate(mine)
+                       if r["phase"] == lesson.average_phase and r["recv"] is not None]
+            if reduced:
+                divide_after[rank] = reduced[-1] + 1
+    done = [0] * setup.size
+    states, divides = [[b.copy() for b in shown]], []
+    for frame in frames:
+        data = [moved[m.src][m.send[0]: m.send[0] + m.send[1]].copy() for m in frame]
+        for move, payload in zip(frame, data):
+            lo, n = move.recv
+            target = moved[move.dst][lo: lo + n]
+            if move.kind == "reduce":
+                op(target, payload, out=target)
+            else:
+                target[...] = payload
+            if lesson.boxes:
+                op(shown[move.dst], target, out=shown[move.dst])
+        divides.append([])
+        for rank in sorted({r for m in frame for r in (m.src, m.dst)}):
+            done[rank] += 1
+            if divide_after.get(rank) == done[rank]:
+                lo, hi = lesson.averaged(rank, setup)
+                numpy.true_divide(shown[rank][lo:hi], setup.size, out=shown[rank][lo:hi])
+                divides[-1].append(Divide(rank, lo, hi))
+        states.append([b.copy() for b in shown])
+    return states, divides

@@ -1,0 +1,303 @@
+"""The slot protocol: ranks of one node copy, and reduce, straight out of each other's memory.
+
+Every rank maps every other rank's memory (how depends on the memory kind: host shared memory
+for shm, CUDA IPC for cuda_ipc). A rank writes only its own memory, and only reads its peers'.
+Each rank's host region holds
+
+    control   64-byte lines, one counter per line (a counter sharing a line with other
+              writes bounces between cores; one straddling two lines could tear):
+                barrier    barriers this rank has entered
+                published  one-shot inputs this rank has published, and their sizes
+                consumed   one line per peer: segments this rank has taken from that peer
+                slot j     one line per slot: which segment slot j holds (dst, seq), its size
+
+and its data memory, in the host region too or on the device, holds
+
+    slots     SLOTS buffers of `segment_bytes`: outgoing messages, one segment at a time
+    one-shot  two areas of `one_shot_bytes`, used by turns: the input of a small all-reduce
+
+To send, a rank cuts the message into segments; for each it waits for a free slot, copies the
+segment in, and writes the slot's line last. To receive segment `seq` from `src`, a rank waits
+until one of src's slot lines names (itself, seq), then copies it, or reduces it
+(`op(mine, slot, out=acc)`), straight out of src's slot into its own buffer, and counts it
+consumed; the slot is free once that count has passed it. Sender and receiver work at once,
+so a message of any size streams through SLOTS * segment_bytes per rank. Counters only grow:
+nothing is reset between collectives. Publishing relies on one rank's stores becoming
+visible to the others in program order, as on x86-64.
+
+A small all-reduce instead publishes its whole input in a one-shot area (`_all_inputs`), and
+every rank reads every other's. Memory per rank, whatever the message: SLOTS * segment_bytes
++ 2 * one_shot_bytes + the control page. A wait spins briefly, then yields the CPU
+(`Transport.wait`), and stops with PeerFailedError if the peer's process has died rather than
+wait out the timeout.
+
+The protocol is the same whatever memory the data lives in; a memory kind (`MemoryKind`) says
+where, and how to copy and reduce there. The control lines always stay in host shared memory,
+where the CPU polls them.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Protocol
+
+import numpy
+from mpi4py import MPI
+
+from .base import ReduceOp, Transport
+from .bootstrap import duplicated, on_one_node, start
+from .errors import CollectiveError, InvalidArgumentError, MismatchError, PeerFailedError
+from .shared_memory import SHM_DIR, free_bytes, share_regions
+
+LINE = 64  # bytes: a cache line, one counter each
+PAGE = 4096
+SLOTS = 4  # a sender fills some slots while its receiver empties others
+WORDS = LINE // 8  # 8-byte words per line
+# Control lines: two counters, then one per peer (consumed), then one per slot.
+BARRIER, PUBLISHED, CONSUMED = 0, 1, 2
+
+
+class MemoryKind(Protocol):
+    """Where the slots and one-shot areas live, and how data is moved there."""
+
+    xp: Any  # the array module of the data: numpy or cupy
+    device: str  # "cpu" or "cuda", as in `collectives.init`
+    in_host_region: bool  # True: the data lives in the host regions, after the control lines
+
+    def share(self, comm: MPI.Comm, regions: list[Any], offset: int,
+              nbytes: int) -> list[Any]:
+        """Every rank's data memory of `nbytes`, flat bytes in rank order. Collective."""
+
+    def copy(self, dst: Any, src: Any) -> None:
+        """dst[...] = src, complete when it returns."""
+
+    def reduce(self, op: ReduceOp, out: Any, mine: Any, theirs: Any) -> None:
+        """out = op(mine, theirs), complete when it returns."""
+
+    def settle(self) -> None:
+        """Wait for every earlier read of a peer's memory to finish."""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+class SlotTransport(Transport):
+    """Ranks of `comm` (default `MPI.COMM_WORLD`), all on one node, exchanging through slots in
+    `memory`. A transport is this protocol with a name, defaults and a memory kind."""
+
+    def __init__(self, comm: MPI.Comm | None, memory: MemoryKind, *, device: str | None = None,
+                 **options: Any) -> None:
+        if device not in (None, memory.device):
+            raise InvalidArgumentError(f"the {self.name} transport moves {memory.device} "
+                                       f"arrays, not {device} ones")
+        self.memory = memory
+        with duplicated(comm) as self.comm:
+            super().__init__(self.comm.Get_rank(), self.comm.Get_size(), xp=memory.xp,
+                             **options)
+            if not on_one_node(self.comm):
+                raise CollectiveError(f"the {self.name} transport needs every rank on one node, "
+                                      f"but these ranks span nodes; use transport='mpi' or "
+                                      f"'auto'")
+            start(self.comm, self)
+            self._setup()
+
+    def _setup(self) -> None:
+        size = self.size
+        self.slot_bytes = max(LINE, self.segment_bytes // LINE * LINE)  # any itemsize divides it
+        # At least a page, so that small exchanges (the call check too) always take an area.
+        self._area_bytes = max(PAGE, -(-self.one_shot_bytes // LINE) * LINE)
+        self._slot_line = CONSUMED + size
+        control = -(-(self._slot_line + SLOTS) * LINE // PAGE) * PAGE
+        data = SLOTS * self.slot_bytes + 2 * self._area_bytes
+        nbytes = control + (data if self.memory.in_host_region else 0)
+        self._check_room(nbytes)
+        regions = share_regions(self.comm, nbytes)
+        # Counter i of rank r is self._ctl[r][i * WORDS], the size beside it the next word.
+        # (Indexing a memoryview is several times cheaper than indexing an array.)
+        self._ctl = [memoryview(r[:control]).cast("Q") for r in regions]
+        self._own = self._ctl[self.rank]
+        self._data = self.memory.share(self.comm, regions, control, data)
+        self._slots = [[d[j * self.slot_bytes:(j + 1) * self.slot_bytes] for j in range(SLOTS)]
+                       for d in self._data]
+        self._slot_words = [(self._slot_line + j) * WORDS for j in range(SLOTS)]
+        pids = self.comm.allgather(os.getpid())
+        # Watch peers for death only if their pids mean something here (same pid namespace).
+        self._pids = pids if all(_alive(p) for p in pids) else None
+        self._sent = [0] * size  # segments sent to each rank
+        self._taken = [0] * size  # segments taken from each rank (mirrors our consumed lines)
+        self._occupant: list[tuple[int, int] | None] = [None] * SLOTS  # (dst, seq) per slot
+        self._next_slot = 0
+        self._expect = [0] * size  # the slot of each peer to look at first for our next segment
+        self._barriers = 0
+        self._one_shots = 0
+        # Per one-shot area, the typed views of its last input and their (size, dtype): a
+        # run of small all-reduces of one kind makes them once.
+        self._areas: list[tuple[tuple[int, Any] | None, list[Any]]] = [(None, []), (None, [])]
+
+    def _check_room(self, nbytes: int) -> None:
+        """Fail on every rank, before anything is allocated, if /dev/shm cannot hold the job."""
+        free = self.comm.allreduce(free_bytes(), op=MPI.MIN)
+        need = nbytes * self.size
+        if free < need:
+            raise CollectiveError(
+                f"{SHM_DIR} has {free / 2**20:.1f} MiB free, but the {self.name} transport needs "
+                f"{need / 2**20:.1f} MiB ({self.size} ranks x {nbytes / 2**20:.1f} MiB: "
+                f"{SLOTS} slots of segment_bytes={self.slot_bytes} plus 2 x one_shot_bytes="
+                f"{self._area_bytes}); pass a smaller segment_bytes, enlarge {SHM_DIR} "
+                f"(docker run --shm-size=...), or use transport='mpi'")
+
+    # ---- the protocol -----------------------------------------------------------------------
+
+    def _sendrecv(self, sendbuf: Any | None, dst: int | None,
+                  recvbuf: Any | None, src: int | None) -> None:
+        self._stream(sendbuf, dst, recvbuf, src, None, None)
+
+    def _sendrecv_reduce(self, sendbuf: Any | None, dst: int | None,
+                         accbuf: Any, src: int, op: ReduceOp, inbuf: Any) -> None:
+        self._stream(sendbuf, dst, accbuf, src, op, inbuf)
+
+    def _stream(self, sendbuf: Any | None, dst: int | None, recvbuf: Any | None,
+                src: int | None, op: ReduceOp | None, inbuf: Any | None) -> None:
+        """Publish `sendbuf` to `dst` while taking `recvbuf` from `src`, a slot at a time
+        (with `op`: recvbuf = op(inbuf, what arrives))."""
+        slot = self.slot_bytes
+        out = sendbuf.view(numpy.uint8) if sendbuf is not None else None
+        into = recvbuf.view(numpy.uint8) if recvbuf is not None else None
+        n_out = 0 if out is None else -(-out.size // slot)
+        n_in = 0 if into is None else -(-into.size // slot)
+        k_out = k_in = 0
+        while True:
+            while k_out < n_out and self._slot_free():
+                self._publish(out[k_out * slot:(k_out + 1) * slot], dst, out.size)
+                k_out += 1
+            while k_in < n_in:
+                j = self._find(src)
+                if j is None:
+                    break
+                if k_in == 0:
+                    self._check_size(src, j, into.size)
+                piece = into[k_in * slot:(k_in + 1) * slot]
+                segment = self._slots[src][j][:piece.size]
+                if op is None:
+                    self.memory.copy(piece, segment)
+                else:
+                    mine = inbuf.view(numpy.uint8)[k_in * slot:(k_in + 1) * slot]
+                    self.memory.reduce(op, piece.view(recvbuf.dtype), mine.view(recvbuf.dtype),
+                                 segment.view(recvbuf.dtype))
+                self._taken[src] += 1
+                self._own[(CONSUMED + src) * WORDS] = self._taken[src]
+                k_in += 1
+            if k_out == n_out and k_in == n_in:
+                return
+            self.wait(lambda: (k_out < n_out and self._slot_free())
+                      or (k_in < n_in and self._find(src) is not None),
+                      src if k_in < n_in else dst, "a segment" if k_in < n_in else "a free slot")
+
+    def _slot_free(self) -> bool:
+        """Whether the receiver of what the next slot holds has taken it."""
+        occupant = self._occupant[self._next_slot]
+        if occupant is None:
+            return True
+        dst, seq = occupant
+        return self._ctl[dst][(CONSUMED + self.rank) * WORDS] > seq
+
+    def _publish(self, piece: Any, dst: int, nbytes: int) -> None:
+        """Copy `piece` (of a message of `nbytes`) into the next slot, then say what it holds."""
+        j = self._next_slot
+        self.memory.copy(self._slots[self.rank][j][:piece.size], piece)
+        seq = self._sent[dst]
+        word = self._slot_words[j]
+        self._own[word + 1] = nbytes
+        self._own[word] = (dst + 1) << 48 | seq  # last: the segment is now visible
+        self._occupant[j] = (dst, seq)
+        self._sent[dst] = seq + 1
+        self._next_slot = (j + 1) % SLOTS
+
+    def _find(self, src: int) -> int | None:
+        """The slot of `src` that holds our next segment from it, or None if none does yet."""
+        want = (self.rank + 1) << 48 | self._taken[src]
+        ctl, j = self._ctl[src], self._expect[src]
+        for _ in range(SLOTS):
+            if ctl[self._slot_words[j]] == want:
+                self._expect[src] = (j + 1) % SLOTS  # where the next one most likely is
+                return j
+            j = (j + 1) % SLOTS
+        return None
+
+    def _check_size(self, src: int, j: int, nbytes: int) -> None:
+        sent = self._ctl[src][self._slot_words[j] + 1]
+        if sent != nbytes:
+            raise MismatchError(f"rank {self.rank} expected {nbytes} bytes from rank {src} but "
+                                f"it sent {sent}"
+                                + (f" during {self.where}" if self.where else ""))
+
+    def _barrier(self) -> None:
+        self._barriers += 1
+        self._own[BARRIER * WORDS] = self._barriers
+        self.wait(lambda: self._everyone(BARRIER, self._barriers), None, "the barrier",
+                  late=lambda: self._behind(BARRIER, self._barriers))
+
+    def _behind(self, counter: int, at_least: int) -> list[int]:
+        """The ranks whose `counter` has not reached `at_least`."""
+        return [r for r, ctl in enumerate(self._ctl) if ctl[counter * WORDS] < at_least]
+
+    def _everyone(self, counter: int, at_least: int) -> bool:
+        word = counter * WORDS
+        for ctl in self._ctl:
+            if ctl[word] < at_least:
+                return False
+        return True
+
+    def _all_inputs(self, buf: Any) -> list[Any]:
+        """Publish `buf` in this call's one-shot area and return every rank's area.
+
+        The areas alternate between calls. Reusing one is safe without asking: a peer
+        publishes call c-1 only after reading call c-2, and we saw every peer's call c-1.
+        """
+        self.memory.settle()  # the previous call's reads of peers' areas are done
+        nbytes = buf.nbytes
+        if nbytes > self._area_bytes:
+            return super()._all_inputs(buf)
+        self._one_shots += 1
+        call = self._one_shots
+        area = call & 1
+        key, inputs = self._areas[area]
+        if key != (nbytes, buf.dtype):
+            lo = SLOTS * self.slot_bytes + area * self._area_bytes
+            inputs = [d[lo:lo + nbytes].view(buf.dtype) for d in self._data]
+            self._areas[area] = ((nbytes, buf.dtype), inputs)
+        self.memory.copy(inputs[self.rank], buf)
+        size_word = PUBLISHED * WORDS + 1 + area  # one per area, kept as long as the area
+        self._own[size_word] = nbytes
+        self._own[PUBLISHED * WORDS] = call
+        self.wait(lambda: self._everyone(PUBLISHED, call), None, "one-shot inputs",
+                  late=lambda: self._behind(PUBLISHED, call))
+        for r, ctl in enumerate(self._ctl):
+            if ctl[size_word] != nbytes:
+                raise MismatchError(f"rank {self.rank} all-reduces {nbytes} bytes but rank {r} "
+                                    f"{ctl[size_word]}"
+                                    + (f" during {self.where}" if self.where else ""))
+        return inputs
+
+    def _check_peer(self, peer: int | None) -> None:
+        if self._pids is None:
+            return
+        for r in range(self.size) if peer is None else (peer,):
+            if r != self.rank and not _alive(self._pids[r]):
+                raise PeerFailedError(f"rank {self.rank}: rank {r} (pid {self._pids[r]}) has died"
+                                      + (f" during {self.where}" if self.where else ""))
+
+    def close(self) -> None:
+        if not self.closed:
+            # Drop our views; each mapping goes when its last view does (or at exit).
+            self._ctl, self._own, self._data, self._slots, self._areas = [], None, [], [], []
+            if not MPI.Is_finalized():
+                self.comm.Free()
+        super().close()
