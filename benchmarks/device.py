@@ -89,28 +89,36 @@ class CopyPeer:
         self.target = None
 
 
+def at_largest(rows: list[dict], impl: str) -> list[dict[str, dict]]:
+    """For each (dtype, op) that `impl` was measured with, the rows at its largest size there,
+    by implementation name: what a bound's closing line compares."""
+    largest: dict[tuple[str, str], int] = {}
+    for row in rows:
+        if row["impl"] == impl:
+            key = (row["dtype"], row["op"])
+            largest[key] = max(largest.get(key, -1), row["bytes"])
+    return [{row["impl"]: row for row in rows
+             if (row["dtype"], row["op"], row["bytes"]) == (dtype, op, nbytes)}
+            for (dtype, op), nbytes in largest.items()]
+
+
 def ceilings(rows: list[dict], ringcc: list[str]) -> list[str]:
     """Closing lines, one per (dtype, op) with a copy row: at its largest size, the busbw of each
     of the `ringcc` implementations (main first) over the copy bandwidth, and the main one's
     busbw over each other's."""
-    largest: dict[tuple[str, str], dict] = {}
-    for row in rows:
-        key = (row["dtype"], row["op"])
-        if row["impl"] == "copy" and row["bytes"] > largest.get(key, {"bytes": -1})["bytes"]:
-            largest[key] = row
     lines = []
-    for (dtype, op), copy in largest.items():
-        at = {row["impl"]: row["busbw_GBps"] for row in rows
-              if (row["dtype"], row["op"], row["bytes"]) == (dtype, op, copy["bytes"])}
-        measured = [name for name in ringcc if name in at]
-        if not measured:
+    for at in at_largest(rows, "copy"):
+        copy = at["copy"]
+        busbw = {name: at[name]["busbw_GBps"] for name in ringcc if name in at}
+        if not busbw:
             continue
-        line = (f"# {copy['bytes']} B {dtype} {op}: busbw / copy bandwidth "
+        line = (f"# {copy['bytes']} B {copy['dtype']} {copy['op']}: busbw / copy bandwidth "
                 f"({copy['algbw_GBps']:.2f} GB/s): "
-                + ", ".join(f"{name} {at[name] / copy['algbw_GBps']:.2f}" for name in measured))
-        main, others = measured[0], measured[1:]
+                + ", ".join(f"{name} {value / copy['algbw_GBps']:.2f}"
+                            for name, value in busbw.items()))
+        main, *others = busbw
         if others:
-            line += "; busbw " + ", ".join(f"{main} / {name} {at[main] / at[name]:.1f}x"
+            line += "; busbw " + ", ".join(f"{main} / {name} {busbw[main] / busbw[name]:.1f}x"
                                            for name in others)
         lines.append(line)
     return lines

@@ -9,12 +9,14 @@ times it: all in the same job, on the same buffers.
     mpiexec -n 4 python -m benchmarks.all_reduce -b 8 -e 64M -f 2 --compare mpi,gloo
 
 With --device cuda, ringcc moves CuPy arrays (device.py: copies of the same buffers on the
-device, a clock that waits for it) and --compare copy times a plain device copy beside it.
+device, a clock that waits for it) and --compare copy times a plain device copy beside it. On
+the host, --compare memory times the least memory work of the call on every rank at once (the
+memory bound: peers.MemoryPeer), so the table shows how close ringcc comes to the machine.
 
 The pieces, one job each:
 
     options.py  the Collective, nccl-tests' options, the sizes and (dtype, op) cases
-    peers.py    the implementations: ringcc on each transport, the mpi and gloo peers
+    peers.py    the implementations: ringcc on each transport, the mpi, gloo and memory peers
     measure.py  the data, the reference and the check; time, algbw and busbw
     report.py   the table, the versions, the JSON and CSV files
 

@@ -18,7 +18,7 @@ from collectives.ops import resolve_op
 
 DTYPES = ("int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64")
 DTYPE_ALIASES = {"half": "float16", "float": "float32", "double": "float64", "int": "int32"}
-PEERS = ("mpi", "gloo", "copy")
+PEERS = ("mpi", "gloo", "copy", "memory")
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
@@ -122,13 +122,18 @@ def parse_args(collective: Collective, argv: list[str] | None = None) -> argpars
                         help="peers measured in the same job: mpi (the MPI library's own "
                              "collective), gloo (torch.distributed, when torch is installed), "
                              "copy (a plain copy of the same size on the --device, rank 0 "
-                             "alone: the copy bandwidth)")
+                             "alone: the copy bandwidth), memory (the least memory work of "
+                             "the call, on every rank at once: the memory bound; --device "
+                             "cpu only)")
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
     parser.add_argument("--csv", metavar="FILE", help="write the rows as CSV")
     args = parser.parse_args(argv)
     if args.iters < 1 or args.warmup_iters < 0:
         parser.error("-n must be at least 1 and -w at least 0")
     args.device = args.device or ("cuda" if "cuda_ipc" in args.transport else "cpu")
+    if "memory" in args.compare and args.device != "cpu":
+        parser.error("--compare memory times host memory: with --device cuda, "
+                     "--compare copy gives the device's copy bandwidth instead")
     try:
         args.sizes = sizes(args.minbytes, args.maxbytes, args.stepfactor)
     except ValueError as error:

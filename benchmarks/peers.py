@@ -5,7 +5,9 @@ Every implementation offers the Communicator's collective methods on the harness
 - ringcc: a Communicator from `collectives.init`, one per --transport (the first is the main one);
 - mpi: the MPI library's own collectives through mpi4py (`MPIPeer`);
 - gloo: torch.distributed with the Gloo backend (`GlooPeer`), when torch is installed;
-- copy: a plain copy of the same size on the device (`device.CopyPeer`), the copy bandwidth.
+- copy: a plain copy of the same size on the device (`device.CopyPeer`), the copy bandwidth;
+- memory: the least memory work of the call on every rank at once (`MemoryPeer`), the memory
+  bound.
 
 mpi4py and torch are imported where they are used, so that importing this module starts neither.
 """
@@ -36,11 +38,11 @@ if TYPE_CHECKING:
 class Impl:
     """One implementation: `comm` offers the Communicator's collective methods and close()."""
 
-    name: str  # "ringcc:<transport>", "mpi", "gloo" or "copy"
+    name: str  # "ringcc:<transport>", "mpi", "gloo", "copy" or "memory"
     comm: Any
     dtypes: tuple[str, ...] = DTYPES
     xp: ModuleType = numpy  # the arrays it moves: the harness's host buffers, or device copies
-    reference: bool = False  # a plain copy, not the collective: unchecked, and busbw = algbw
+    reference: bool = False  # a bound (copy, memory), not the collective: unchecked, busbw = algbw
 
 
 class MPIPeer:
@@ -139,6 +141,87 @@ class GlooPeer:
         self.dist.destroy_process_group()
 
 
+class MemoryPeer:
+    """The memory bound: the least memory work of the call on one node with shared memory, done
+    by every rank at once on buffers of its own (none left in cache by the call timed before).
+
+    What each rank does for a call of S bytes (the nccl-tests size) on n ranks:
+
+        all_reduce      reduce its S/n share of the n inputs (the first add writing the
+                        result), then copy the other (n-1)/n S of the result
+        all_gather      copy S: the whole result written
+        broadcast       copy S on every rank but the root, whose buffer already holds it
+        scatter         copy S/n: the rank's block written
+        reduce_scatter  reduce its block of S/n from the n inputs (the first add writing it)
+
+    That is what a rank must at least read and write when it can read its peers' memory in
+    place: no algorithm moves less. The add is numpy.add whatever the op: other ops move the
+    same bytes.
+    """
+
+    def __init__(self, rank: int, size: int) -> None:
+        self.rank, self.size = rank, size
+        self.buffers: dict[str, numpy.ndarray] = {}
+
+    def _buffer(self, name: str, shape: tuple[int, ...], like: numpy.ndarray) -> numpy.ndarray:
+        """This rank's own buffer `name`, made at the first call of a size, then reused."""
+        buffer = self.buffers.get(name)
+        if buffer is None or buffer.shape != shape or buffer.dtype != like.dtype:
+            self.buffers.pop(name, None)  # let the last size's buffer go before the next one
+            buffer = self.buffers[name] = numpy.ones(shape, like.dtype)  # no page faults later
+        return buffer
+
+    def _work(self, like: numpy.ndarray, reduced: int, copied: int) -> None:
+        """Reduce n blocks of `reduced` elements into one, then copy `copied` elements."""
+        if reduced:
+            inputs = self._buffer("inputs", (self.size, reduced), like)
+            out = self._buffer("reduced", (reduced,), like)
+            if self.size == 1:
+                numpy.copyto(out, inputs[0])
+            else:
+                numpy.add(inputs[0], inputs[1], out=out)
+            for block in inputs[2:]:
+                numpy.add(out, block, out=out)
+        if copied:
+            numpy.copyto(*self._buffer("copied", (2, copied), like))
+
+    def all_reduce(self, sendbuf: numpy.ndarray, recvbuf: numpy.ndarray, op: str = "sum") -> None:
+        share = -(-recvbuf.size // self.size)
+        self._work(recvbuf, share, recvbuf.size - share)
+
+    def all_gather(self, sendbuf: numpy.ndarray, recvbuf: numpy.ndarray) -> None:
+        self._work(recvbuf, 0, recvbuf.size)
+
+    def broadcast(self, buf: numpy.ndarray, root: int = 0) -> None:
+        if self.rank != root:
+            self._work(buf, 0, buf.size)
+
+    def scatter(self, sendbuf: numpy.ndarray, recvbuf: numpy.ndarray, root: int = 0) -> None:
+        self._work(recvbuf, 0, recvbuf.size)
+
+    def reduce_scatter(self, sendbuf: numpy.ndarray, recvbuf: numpy.ndarray,
+                       op: str = "sum") -> None:
+        self._work(recvbuf, recvbuf.size, 0)
+
+    def close(self) -> None:
+        self.buffers = {}
+
+
+def memory_bounds(rows: list[dict], ringcc: list[str]) -> list[str]:
+    """Closing lines, one per (dtype, op) with a memory row: at its largest size, the time of
+    each of the `ringcc` implementations (main first) as a multiple of the memory bound's."""
+    lines = []
+    for at in device.at_largest(rows, "memory"):
+        bound = at["memory"]
+        measured = [name for name in ringcc if name in at]
+        if measured:
+            lines.append(f"# {bound['bytes']} B {bound['dtype']} {bound['op']}: time / memory "
+                         f"bound ({bound['time_us']:.2f} us): "
+                         + ", ".join(f"{name} {at[name]['time_us'] / bound['time_us']:.2f}x"
+                                     for name in measured))
+    return lines
+
+
 def open_impls(args: argparse.Namespace, world: MPI.Comm,
                stack: contextlib.ExitStack) -> tuple[list[Impl], list[str]]:
     """ringcc on each --transport (main first), then each --compare peer; and notes on peers
@@ -166,14 +249,13 @@ def open_impls(args: argparse.Namespace, world: MPI.Comm,
                 continue
             comm = GlooPeer(world)
         elif peer == "copy":
-            xp = module_for_device(args.device)
-            comm = device.CopyPeer(xp, world.Get_rank())
-            stack.callback(comm.close)
-            impls.append(Impl(peer, comm, xp=xp, reference=True))
-            continue
+            comm = device.CopyPeer(module_for_device(args.device), world.Get_rank())
+        elif peer == "memory":
+            comm = MemoryPeer(world.Get_rank(), world.Get_size())
         else:
             comm = MPIPeer(world)
         stack.callback(comm.close)
-        impls.append(Impl(peer, comm, getattr(comm, "dtypes", DTYPES)))
+        impls.append(Impl(peer, comm, getattr(comm, "dtypes", DTYPES), getattr(comm, "xp", numpy),
+                          reference=peer in ("copy", "memory")))
     return impls, notes
 

@@ -4,7 +4,8 @@ The header names every implementation, the versions the numbers depend on and ea
 Each row is one size: size, count, type, redop and root, then for each ringcc transport time,
 algbw, busbw and #wrong, and for each peer time, ratio (peer time / main transport's time: above
 1, ringcc is faster) and #wrong. The summary closes with nccl-tests' "Out of bounds values" and
-"Avg bus bandwidth" lines (and, with --compare copy, busbw over the copy bandwidth).
+"Avg bus bandwidth" lines (and, with --compare copy, busbw over the copy bandwidth; with
+--compare memory, ringcc's time as a multiple of the memory bound).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy
 
 from . import device
 from .options import Collective
-from .peers import Impl
+from .peers import Impl, memory_bounds
 
 PREFIX = "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}"
 FULL = "  {:>7}  {:>6}  {:>6}  {:>6}"  # time algbw busbw #wrong: each ringcc transport
@@ -67,6 +68,9 @@ def header(collective: Collective, args: argparse.Namespace, impls: list[Impl],
     ]
     if peers:
         lines.append(f"# ratio: peer time / {main} time (>1: {main} is faster)")
+    if "memory" in peers:
+        lines.append("# memory: the least memory work of the call on every rank at once "
+                     f"(ratio 0.5: {main} takes 2x it)")
     lines += [f"#  Rank {rank:2d} Pid {pid:7d} on {host}" for rank, (pid, host)
               in enumerate(ranks_at)]
     lines += [f"# {note}" for note in notes]
@@ -109,7 +113,8 @@ def format_row(rows: dict[str, dict | None], impls: list[Impl]) -> str:
 
 
 def summary(rows: list[dict], impls: list[Impl]) -> str:
-    """nccl-tests' closing lines: wrong elements in all, and the average bus bandwidth."""
+    """nccl-tests' closing lines: wrong elements in all, and the average bus bandwidth; then how
+    ringcc stands against the copy and memory bounds, where measured."""
     wrong = sum(row["wrong"] or 0 for row in rows)
     lines = [f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}"]
     for k, impl in enumerate(impls):
@@ -117,7 +122,8 @@ def summary(rows: list[dict], impls: list[Impl]) -> str:
         if mine:
             label = "# Avg bus bandwidth    :" if k == 0 else "#" + " " * 23
             lines.append(f"{label} {sum(mine) / len(mine):.4f} GB/s  {impl.name}")
-    lines += device.ceilings(rows, [impl.name for impl in impls if impl.name.startswith("ringcc:")])
+    ringcc = [impl.name for impl in impls if impl.name.startswith("ringcc:")]
+    lines += device.ceilings(rows, ringcc) + memory_bounds(rows, ringcc)
     return "\n".join(lines)
 
 

@@ -40,7 +40,7 @@ Large chunks stream through the transport in segments (`segment_bytes`), so scra
 stays bounded and a segment is reduced while the next one is on the wire.
 
 Small messages take a shorter road (`one_shot_all_reduce`): the ring's 2(N-1) steps each pay
-the latency a, while one-shot pays it about once. `all_reduce` picks by size.
+the latency a, while one-shot pays it about once. `auto_algorithm` picks by size.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def one_shot_all_reduce(transport: Transport, work: Any, op: ReduceOp,
             work[...] = mine
         return
     transport.at("one-shot")
-    inputs = transport.all_inputs(mine)
+    inputs = transport.all_inputs(mine)  # also checks the call, when the caller asked for it
     op(inputs[0], inputs[1], out=work)
     for later in inputs[2:]:
         op(work, later, out=work)
@@ -96,11 +96,7 @@ def one_shot_all_reduce(transport: Transport, work: Any, op: ReduceOp,
         transport.xp.true_divide(work, size, out=work)
 
 
-def all_reduce(transport: Transport, work: Any, op: ReduceOp, average: bool = False,
-               mine: Any | None = None) -> None:
-    """All-reduce `mine` (default: `work`, in place) into `work`: one-shot up to
-    `transport.one_shot_bytes`, else the ring."""
-    if work.nbytes <= transport.one_shot_bytes:
-        one_shot_all_reduce(transport, work, op, average, mine)
-    else:
-        ring_all_reduce(transport, work, op, average, mine)
+def auto_algorithm(transport: Transport, nbytes: int) -> str:
+    """What `algorithm="auto"` runs for a message of `nbytes`: "one_shot" up to
+    `transport.one_shot_bytes`, else "ring"."""
+    return "one_shot" if nbytes <= transport.one_shot_bytes else "ring"

@@ -1,19 +1,21 @@
 """Before any data moves, the ranks check that they all made the same call.
 
-Each rank describes its call in six integers, its descriptor:
+Each rank describes its call in six non-negative integers, its descriptor:
 
     call number  the call's number on this communicator (1 for the first collective)
-    collective   which collective
-    count        elements in the buffer (-1 for scatter: a rank may not know it)
+    collective   which collective (its place in the communicator's list of calls)
+    count        1 + elements in the buffer (0 for scatter: a rank may not know it)
     dtype        the dtype's NumPy code ("<f4") packed into an integer (0 for scatter)
     op           the reduction (0 where the collective takes none)
-    root         the root rank (-1 where the collective has none)
+    root         1 + the root rank (0 where the collective has none)
 
 and every rank reads every other rank's descriptor through the transport's exchange of small
-inputs, the one small all-reduces use (one publish and one wait on shared memory). So every
-rank sees the same N descriptors, and if they differ every rank raises the same
-`MismatchError`, naming the ranks that called something else than the others and what differs,
-before any data has moved: the communicator can still be used afterwards.
+inputs, the one small all-reduces use (one publish and one wait on shared memory). A small
+all-reduce sends its descriptor with its data, in that one exchange; every other call makes
+an exchange of descriptors alone first. So every rank sees the same N descriptors, and if they
+differ every rank raises the same `MismatchError`, naming the ranks that called something else
+than the others and what differs, before it reads any peer's data: the communicator can still
+be used afterwards.
 
 The check is also a barrier: a rank that never makes the call holds the others at the check,
 and their timeout names the call and, where the transport can tell, the rank they waited for.
@@ -49,39 +51,36 @@ def dtype_text(code: int) -> str:
 def descriptor(seq: int, collective: int, count: int = -1, dtype: Any = None,
                op: str | None = None, root: int = -1) -> tuple[int, ...]:
     """The integers that stand for one call (see the module docstring); `collective` is the
-    call's index in the communicator's list of call names."""
-    return (seq, collective, count, 0 if dtype is None else dtype_code(numpy.dtype(dtype)),
-            0 if op is None else _OP_CODES[op], int(root))
+    call's index in the communicator's list of call names, -1 a missing count or root."""
+    return (seq, collective, count + 1, 0 if dtype is None else dtype_code(numpy.dtype(dtype)),
+            0 if op is None else _OP_CODES[op], int(root) + 1)
 
 
 def call_text(call: tuple[int, ...], names: tuple[str, ...]) -> str:
     """A call as the user wrote it: "all_reduce #4 (count 100, float32, sum)"."""
     seq, collective, count, dtype, op, root = call
     details = []
-    if count >= 0:
-        details.append(f"count {count}")
+    if count:
+        details.append(f"count {count - 1}")
     if dtype:
         details.append(dtype_text(dtype))
     if op:
         details.append(OPS[op - 1])
-    if root >= 0:
-        details.append(f"root {root}")
+    if root:
+        details.append(f"root {root - 1}")
     return f"{names[collective]} #{seq}" + (f" ({', '.join(details)})" if details else "")
 
 
-def agree(transport: Transport, mine: tuple[int, ...], names: tuple[str, ...]) -> str | None:
-    """Compare this rank's descriptor with every other rank's: None if all match, else why not.
+def agree(transport: Transport) -> None:
+    """Exchange the descriptor given to `transport.begin` with every rank, alone; raises
+    `CallsDiffer` on every rank if any differs.
 
-    Collective: every rank calls it with its own descriptor before the data moves. The
-    exchange is uncounted, so traces and byte counts show only the collective's own traffic.
+    Collective: every rank calls it before the data of a call moves. The exchange is
+    uncounted, so traces and byte counts show only the collective's own traffic.
     """
-    xp = transport.xp
     transport.at("check")
-    inputs = transport.all_inputs(xp.array(mine, xp.int64), counted=False)
-    calls = [tuple(row.tolist()) for row in inputs]
-    if calls.count(mine) == len(calls):
-        return None
-    return disagreement(calls, transport.rank, names)
+    transport.all_inputs(transport.xp.empty(0, transport.xp.uint8), counted=False)
+    transport.at("")  # until the algorithm names its own phase
 
 
 def disagreement(calls: list[tuple[int, ...]], rank: int, names: tuple[str, ...]) -> str:

@@ -21,27 +21,27 @@ from typing import Any, Callable, Iterator
 import numpy
 
 from transports.base import Stats, Transport
-from transports.errors import CollectiveError, InvalidArgumentError, MismatchError
+from transports.errors import CallsDiffer, CollectiveError, InvalidArgumentError, MismatchError
 
 from .all_gather import ring_all_gather
-from .all_reduce import all_reduce, one_shot_all_reduce, ring_all_reduce
+from .all_reduce import auto_algorithm, one_shot_all_reduce, ring_all_reduce
 from .arguments import check_blocks, check_buffers, check_root, check_writeable, output
 from .arrays import flat_work
 from .broadcast import ring_broadcast
-from .check import agree, descriptor
+from .check import agree, descriptor, disagreement
 from .naive import naive_ring_all_reduce, reduce_broadcast_all_reduce
 from .ops import resolve_op
 from .reduce_scatter import ring_reduce_scatter
 from .scatter import scatter_from_root
 
-# The ways `all_reduce` can run: "auto" picks one-shot or the ring by size; the naive ones are
-# there to teach what the ring saves (naive.py).
-ALL_REDUCE_ALGORITHMS = {"auto": all_reduce, "ring": ring_all_reduce,
-                         "one_shot": one_shot_all_reduce, "naive_ring": naive_ring_all_reduce,
+# The ways `all_reduce` can run besides "auto" (which picks one-shot or the ring by size); the
+# naive ones are there to teach what the ring saves (naive.py).
+ALL_REDUCE_ALGORITHMS = {"ring": ring_all_reduce, "one_shot": one_shot_all_reduce,
+                         "naive_ring": naive_ring_all_reduce,
                          "reduce_broadcast": reduce_broadcast_all_reduce}
 # Every call the check tells apart (check.py numbers them by their place here).
 CALLS = ("all_reduce", "all_gather", "broadcast", "scatter", "reduce_scatter", "barrier",
-         *(f"all_reduce/{name}" for name in ALL_REDUCE_ALGORITHMS if name != "auto"))
+         *(f"all_reduce/{name}" for name in ALL_REDUCE_ALGORITHMS))
 _CALL_CODES = {name: code for code, name in enumerate(CALLS)}
 
 
@@ -56,6 +56,9 @@ def _collective(method: Callable[..., Any]) -> Callable[..., Any]:
         self._in_flight = False  # until `_begin` starts the exchanges
         try:
             return method(self, *args, **kwargs)
+        except CallsDiffer as differ:  # every rank raises it, and every message has landed
+            self._in_flight = False
+            raise MismatchError(disagreement(differ.calls, self.rank, CALLS)) from None
         except BaseException as error:
             if self._in_flight and not isinstance(error, (ValueError, TypeError)):
                 self._broken = f"{self._transport.where} failed ({type(error).__name__}: {error})"
@@ -79,6 +82,7 @@ class Communicator:
         self._checking = check if check is not None else os.environ.get("RINGCC_CHECK") != "0"
         self._in_flight = False  # a collective has started to exchange messages
         self._broken: str | None = None  # why no more calls can be made, once one failed
+        self._ufuncs: dict[tuple[str, Any], Any] = {}  # (op, dtype) -> ufunc, see `_resolve`
         if trace:
             transport.trace = []
 
@@ -145,23 +149,33 @@ class Communicator:
         (one-shot up to the transport's `one_shot_bytes`, else the ring), "ring", "one_shot",
         or one of the naive all-reduces kept to teach, "naive_ring" and "reduce_broadcast".
         """
-        if algorithm not in ALL_REDUCE_ALGORITHMS:
-            raise InvalidArgumentError(f"unknown all_reduce algorithm {algorithm!r}; expected "
-                                       f"one of {', '.join(ALL_REDUCE_ALGORITHMS)}")
-        xp = self._transport.xp
+        transport = self._transport
+        xp = transport.xp
         check_buffers(xp, self.transport, sendbuf, recvbuf)
-        ufunc = resolve_op(op, sendbuf.dtype, xp)
-        recvbuf = output(recvbuf, sendbuf.shape, sendbuf.dtype, xp)
-        in_place = recvbuf is sendbuf or xp.may_share_memory(recvbuf, sendbuf)
-        if in_place and recvbuf is not sendbuf:
-            recvbuf[...] = sendbuf  # another view of the same memory: in place after all
+        ufunc = (self._ufuncs.get((op, sendbuf.dtype)) if isinstance(op, str) else None) \
+            or self._resolve(op, sendbuf.dtype)
+        if recvbuf is None:
+            recvbuf, in_place = xp.empty(sendbuf.shape, sendbuf.dtype), False
+        else:
+            recvbuf = output(recvbuf, sendbuf.shape, sendbuf.dtype, xp)
+            in_place = recvbuf is sendbuf or xp.may_share_memory(recvbuf, sendbuf)
+            if in_place and recvbuf is not sendbuf:
+                recvbuf[...] = sendbuf  # another view of the same memory: in place after all
         work, copied = flat_work(recvbuf, xp)
         # Out of place, the algorithm reads the input where it lies instead of copying it
         # into recvbuf first: a whole pass over memory saved.
         mine = None if in_place else flat_work(sendbuf, xp)[0]
-        name = "all_reduce" if algorithm == "auto" else f"all_reduce/{algorithm}"
-        self._begin(name, sendbuf.size, sendbuf.dtype, op)
-        ALL_REDUCE_ALGORITHMS[algorithm](self._transport, work, ufunc, average=(op == "avg"),
+        if algorithm == "auto":
+            name, algorithm = "all_reduce", auto_algorithm(transport, work.nbytes)
+        elif algorithm in ALL_REDUCE_ALGORITHMS:
+            name = f"all_reduce/{algorithm}"
+        else:
+            raise InvalidArgumentError(f"unknown all_reduce algorithm {algorithm!r}; expected "
+                                       f"auto or one of {', '.join(ALL_REDUCE_ALGORITHMS)}")
+        # One-shot moves the data in one exchange, which carries the call check along.
+        self._begin(name, sendbuf.size, sendbuf.dtype, op,
+                    folded=algorithm == "one_shot" and work.size > 0)
+        ALL_REDUCE_ALGORITHMS[algorithm](transport, work, ufunc, average=(op == "avg"),
                                          mine=mine)
         if copied:
             recvbuf[...] = work.reshape(recvbuf.shape)
@@ -274,21 +288,26 @@ class Communicator:
     # ---- numbering and checking each call ------------------------------------------------
 
     def _begin(self, collective: str, count: int = -1, dtype: Any = None, op: str | None = None,
-               root: int = -1) -> None:
-        """Number the call, then check that every rank made the same one (see check.py)."""
-        if self._transport.closed:
+               root: int = -1, folded: bool = False) -> None:
+        """Number the call, then check that every rank made the same one (see check.py):
+        here, or, when `folded`, in the call's first exchange of small inputs."""
+        transport = self._transport
+        if transport.closed:
             raise InvalidArgumentError("this communicator is closed")
         if self._broken is not None:
             raise CollectiveError(f"rank {self.rank}: this communicator cannot be used since "
                                   f"{self._broken}; make a new one")
         self._calls += 1
-        transport = self._transport
-        transport.begin(f"{collective} #{self._calls}")
         self._in_flight = True
-        if self._checking and self.size > 1:
-            call = descriptor(self._calls, _CALL_CODES[collective], count, dtype, op, root)
-            mismatch = agree(transport, call, CALLS)
-            if mismatch is not None:
-                self._in_flight = False  # every rank stops here, and every message has landed
-                raise MismatchError(mismatch)
-            transport.at("")  # until the algorithm names its own phase
+        if not self._checking or transport.size == 1:
+            transport.begin(f"{collective} #{self._calls}")
+            return
+        call = descriptor(self._calls, _CALL_CODES[collective], count, dtype, op, root)
+        transport.begin(f"{collective} #{self._calls}", call)
+        if not folded:
+            agree(transport)
+
+    def _resolve(self, op: str, dtype: Any) -> Any:
+        """`resolve_op`, remembered: a run of calls of one kind looks it up once."""
+        ufunc = self._ufuncs[(op, dtype)] = resolve_op(op, dtype, self._transport.xp)
+        return ufunc

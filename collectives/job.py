@@ -18,9 +18,11 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
 from types import TracebackType
 
 MPICH_SEGMENT = re.compile(r"\s(/dev/shm/mpich_shm_[0-9a-f]+_\d+)$")
+ABORT_GRACE_S = 0.2
 _hook_installed = False
 
 
@@ -64,6 +66,9 @@ def abort_on_uncaught_exception() -> None:
         if MPI.Is_initialized() and not MPI.Is_finalized():
             sys.stdout.flush()
             sys.stderr.flush()
+            # mpiexec forwards each rank's output through a pipe and stops reading it when the
+            # job aborts: give it a moment to pass on the traceback just printed.
+            time.sleep(ABORT_GRACE_S)
             MPI.COMM_WORLD.Abort(130 if issubclass(kind, KeyboardInterrupt) else 1)
 
     sys.excepthook = hook

@@ -71,7 +71,9 @@ def test_options_in_nccl_tests_spelling():
 
 
 @pytest.mark.parametrize("argv", [["--compare", "nccl"], ["-f", "1", "-b", "8", "-e", "64"],
-                                  ["-n", "0"], ["-d", "bfloat16"], ["-o", "xor"], ["-c", "2"]])
+                                  ["-n", "0"], ["-d", "bfloat16"], ["-o", "xor"], ["-c", "2"],
+                                  ["--compare", "memory", "--device", "cuda"],
+                                  ["--transport", "cuda_ipc", "--compare", "mpi,memory"]])
 def test_bad_options_are_refused(argv, capsys):
     with pytest.raises(SystemExit):
         options.parse_args(ALL_REDUCE, argv)
@@ -196,6 +198,37 @@ def test_table_rows_show_ratio_and_missing_peers():
     assert "0 OK" in report.summary(example_rows(2), impls)
 
 
+def test_the_memory_peer_does_the_least_work_of_each_call():
+    peer = peers.MemoryPeer(rank=1, size=3)
+    peer.all_reduce(numpy.zeros(12), numpy.zeros(12, "int8"))
+    # This rank's share, 4 of 12 elements, reduced from 3 inputs; the other 8 copied.
+    assert peer.buffers["inputs"].shape == (3, 4) and peer.buffers["inputs"].dtype == numpy.int8
+    assert numpy.all(peer.buffers["reduced"] == 3) and peer.buffers["copied"].shape == (2, 8)
+    peer.close()
+    peer.reduce_scatter(numpy.zeros((3, 4)), numpy.zeros(4))
+    assert numpy.all(peer.buffers["reduced"] == 3) and "copied" not in peer.buffers
+    peer.close()
+    peer.scatter(numpy.zeros((3, 4)), numpy.zeros(4))
+    assert peer.buffers["copied"].shape == (2, 4) and "inputs" not in peer.buffers
+    peer.close()
+    peer.broadcast(numpy.zeros(12), root=1)
+    assert peer.buffers == {}  # the root does nothing
+    for call in (lambda: peer.broadcast(numpy.zeros(12), root=0),
+                 lambda: peer.all_gather(numpy.zeros(4), numpy.zeros((3, 4)))):
+        peer.close()
+        call()
+        assert peer.buffers["copied"].shape == (2, 12)  # a copy of the whole result
+
+
+def test_the_summary_holds_each_transport_against_the_memory_bound():
+    rows = example_rows(2) + [dict(example_rows(2)[1], impl=impl, time_us=time_us)
+                              for impl, time_us in (("ringcc:shm", 5.0), ("memory", 2.0))]
+    impls = [peers.Impl(name, None) for name in ("ringcc:shm", "ringcc:mpi", "mpi", "memory")]
+    assert report.summary(rows, impls).splitlines()[-1] == \
+        "# 4096 B float32 sum: time / memory bound (2.00 us): ringcc:shm 2.50x, ringcc:mpi 7.05x"
+    assert peers.memory_bounds(example_rows(2), ["ringcc:mpi"]) == []
+
+
 def test_plot_draws_one_line_per_implementation_and_rank_count(tmp_path):
     for ranks in (2, 4):
         report.write_json(str(tmp_path / f"{ranks}.json"),
@@ -230,6 +263,24 @@ def test_all_reduce_under_mpiexec_beside_the_peers(tmp_path):
     assert "# Avg bus bandwidth" in result.stdout and "ratio: peer time" in result.stdout
     with open(tmp_path / "r.csv") as source:
         assert len(list(csv.DictReader(source))) == len(rows)
+
+
+def test_all_reduce_beside_the_memory_bound(tmp_path):
+    result = mpiexec(2, "-m", "benchmarks.all_reduce", "-b", "1K", "-e", "64K", "-f", "8",
+                     "-n", "3", "-w", "1", "--compare", "memory,mpi",
+                     "--json", str(tmp_path / "r.json"), timeout=120)
+    rows = json.loads((tmp_path / "r.json").read_text())["rows"]
+    main = rows[0]["impl"]
+    assert [row["impl"] for row in rows] == [main, "memory", "mpi"] * 3
+    for row in rows:
+        assert list(row) == SCHEMA_ROW and row["time_us"] > 0
+        assert row["wrong"] == (None if row["impl"] == "memory" else 0)
+    table = [line.split() for line in result.stdout.splitlines() if not line.startswith("#")]
+    assert [len(fields) for fields in table] == [5 + 4 + 3 + 3] * 3  # main's 4, 3 per peer
+    for fields in table:  # memory: time, ratio, #wrong
+        assert float(fields[9]) > 0 and float(fields[10]) > 0 and fields[11] == "N/A"
+    last = result.stdout.splitlines()[-1]
+    assert last.startswith("# 65536 B float32 sum: time / memory bound") and f" {main} " in last
 
 
 def test_every_collective_dtype_and_op_checks_out_on_three_ranks(tmp_path):

@@ -23,12 +23,13 @@ from typing import Any, Callable
 
 import numpy
 
-from .errors import CollectiveTimeoutError
+from .errors import CallsDiffer, CollectiveTimeoutError
 
 # A reduction is a binary ufunc of the array module: op(mine, incoming, out=acc).
 ReduceOp = Callable[..., Any]
 
 DEFAULT_SEGMENT_BYTES = 1 << 20
+CALL_WORDS = 6  # a call's descriptor: six non-negative integers (collectives/check.py)
 DEFAULT_TIMEOUT_S = 300.0
 
 
@@ -104,13 +105,20 @@ class Transport(ABC):
         self.where = ""  # what the caller is doing, for error messages ("all_reduce #3")
         self.phase = ""  # which pass of the algorithm is running ("reduce-scatter"), for traces
         self.step = 0  # which step of that pass, for traces and error messages
+        self._call: tuple[int, ...] | None = None  # the descriptor the next all_inputs carries
         self.closed = False
 
     # ---- what the caller is doing, for traces and error messages ------------------------
 
-    def begin(self, where: str) -> None:
-        """A new call starts: `where` names it ("all_reduce #3") until the next one."""
-        self.where, self.phase, self.step = where, "", 0
+    def begin(self, where: str, call: tuple[int, ...] | None = None) -> None:
+        """A new call starts: `where` names it ("all_reduce #3") until the next one.
+
+        `call`, when given, is the call's descriptor (six non-negative integers): the call's
+        first `all_inputs` carries it to every rank along with the data, and raises
+        `CallsDiffer` on every rank if any rank's differs. So a small call checks itself in
+        the exchange that moves its data.
+        """
+        self.where, self.phase, self.step, self._call = where, "", 0, call
 
     def at(self, phase: str, step: int = 0) -> None:
         """The algorithm is at `step` of `phase` ("reduce-scatter", 2)."""
@@ -168,13 +176,14 @@ class Transport(ABC):
         """
         if buf.ndim != 1 or not buf.flags.c_contiguous:
             raise ValueError("transports move flat contiguous arrays only")
-        if self.size == 1 or buf.size == 0:
+        call, self._call = self._call, None
+        if self.size == 1 or (buf.size == 0 and call is None):
             return [buf.copy() for _ in range(self.size)]
-        if counted:
+        if counted and buf.size:
             for step in range(1, self.size):
                 self._count("copy", buf, (self.rank + step) % self.size,
                             buf, (self.rank - step) % self.size)
-        return self._all_inputs(buf)
+        return self._all_inputs(buf, call)
 
     def barrier(self) -> None:
         """Return once every rank has entered the barrier."""
@@ -212,8 +221,20 @@ class Transport(ABC):
             else:
                 self._sendrecv(out, dst, None, None)
 
-    def _all_inputs(self, buf: Any) -> list[Any]:
-        """Exchange copies directly: in step s, send to rank + s and receive from rank - s."""
+    def _all_inputs(self, buf: Any, call: tuple[int, ...] | None) -> list[Any]:
+        """The descriptors first, when a call is carried, then the data: two exchanges where a
+        transport that can carry both at once takes one."""
+        if call is not None:
+            calls = [tuple(c.tolist()) for c in self._exchange(self.xp.array(call, "u8"))]
+            if calls.count(call) != self.size:
+                raise CallsDiffer(calls)
+        if buf.size == 0:
+            return [buf.copy() for _ in range(self.size)]
+        return self._exchange(buf)
+
+    def _exchange(self, buf: Any) -> list[Any]:
+        """Every rank's `buf` by direct copies: in step s, send to rank + s and receive from
+        rank - s."""
         inputs = [self.xp.empty_like(buf) for _ in range(self.size)]
         inputs[self.rank][...] = buf
         for step in range(1, self.size):

@@ -119,6 +119,9 @@ class CudaIpcMemory:
     def settle(self) -> None:
         self.gpu.synchronize()  # see the module docstring: reads of the previous call
 
+    def can_read(self, comm: MPI.Comm, pids: list[int], usable: bool) -> bool:
+        return False  # peers' device buffers are read through the slots only
+
     def unmap_peers(self) -> None:
         """Close every peer's handle opened here."""
         runtime = self.xp.cuda.runtime

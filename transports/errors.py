@@ -28,5 +28,15 @@ class MismatchError(CollectiveError):
     """Ranks called different collectives, or the same one with different arguments."""
 
 
+class CallsDiffer(MismatchError):
+    """Ranks made different calls. `calls` holds every rank's call descriptor (six
+    non-negative integers, see collectives/check.py) in rank order; the communicator turns it
+    into a MismatchError that says what differs."""
+
+    def __init__(self, calls: list[tuple[int, ...]]) -> None:
+        super().__init__(f"ranks made different calls: {calls}")
+        self.calls = calls
+
+
 class PeerFailedError(CollectiveError):
     """Another rank failed, so this rank stopped waiting for it."""

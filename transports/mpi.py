@@ -22,12 +22,13 @@ from typing import Any
 import numpy
 from mpi4py import MPI
 
-from .base import ReduceOp, Transport, segments
+from .base import CALL_WORDS, ReduceOp, Transport, segments
 from .bootstrap import duplicated, start
 from .cuda import copy_bytes, pinned_empty, use_gpu
-from .errors import InvalidArgumentError
+from .errors import CallsDiffer, InvalidArgumentError
 
 TAG = 17
+CALL_BYTES = 8 * CALL_WORDS  # a call's descriptor, as 8-byte integers
 
 
 def _bytes(buf: Any) -> list:
@@ -162,20 +163,49 @@ class MPITransport(Transport):
                     copy_bytes(scratch, landed)
                     op(inbuf[lo:hi], scratch, out=recvbuf[lo:hi])
 
-    def _all_inputs(self, buf: Any) -> list[Any]:
-        """Post every exchange at once, then wait for each peer in turn (so a timeout names the
-        first one missing): about one message time instead of the default's N-1. Device
-        inputs, which are small, travel as host copies."""
+    def _all_inputs(self, buf: Any, call: tuple[int, ...] | None) -> list[Any]:
+        """With a call to check, one message per peer carries the descriptor and, when the data
+        is small (up to `one_shot_bytes`), the data too: a small call checks itself in the
+        exchange that moves it. Each receive has room for the largest such message, so a peer
+        whose call differs cannot overrun it."""
+        if call is None:
+            return self._exchange(buf)
+        host = buf if self.xp is numpy else buf.get()
+        with_data = host.nbytes <= self.one_shot_bytes
+        packet = numpy.empty(CALL_BYTES + (host.nbytes if with_data else 0), numpy.uint8)
+        packet[:CALL_BYTES].view(numpy.uint64)[:] = call
+        if with_data:
+            packet[CALL_BYTES:] = host.view(numpy.uint8)
+        room = CALL_BYTES + self.one_shot_bytes
+        packets = [packet if r == self.rank else numpy.empty(room, numpy.uint8)
+                   for r in range(self.size)]
+        self._post_all(packet, packets)
+        calls = [tuple(p[:CALL_BYTES].view(numpy.uint64).tolist()) for p in packets]
+        if calls.count(call) != self.size:
+            raise CallsDiffer(calls)
+        if not with_data:
+            return self._exchange(buf)
+        inputs = [p[CALL_BYTES:CALL_BYTES + host.nbytes].view(host.dtype) for p in packets]
+        return inputs if self.xp is numpy else [self.xp.asarray(i) for i in inputs]
+
+    def _exchange(self, buf: Any) -> list[Any]:
+        """Every rank's `buf`. Device inputs, which are small, travel as host copies."""
         host = buf if self.xp is numpy else buf.get()
         inputs = [numpy.empty_like(host) for _ in range(self.size)]
         inputs[self.rank][...] = host
+        self._post_all(host, inputs)
+        return inputs if self.xp is numpy else [self.xp.asarray(i) for i in inputs]
+
+    def _post_all(self, mine: numpy.ndarray, into: list[numpy.ndarray]) -> None:
+        """Send `mine` to every peer and receive each peer's into `into[peer]`: every exchange
+        posted at once, then each peer waited for in turn (so a timeout names the first one
+        missing), about one message time instead of N-1."""
         peers = [r for r in range(self.size) if r != self.rank]
-        receives = [self.comm.Irecv(_bytes(inputs[r]), r, TAG) for r in peers]
-        sends = [self.comm.Isend(_bytes(host), r, TAG) for r in peers]
+        receives = [self.comm.Irecv(_bytes(into[r]), r, TAG) for r in peers]
+        sends = [self.comm.Isend(_bytes(mine), r, TAG) for r in peers]
         for peer, request in zip(peers, receives):
             self._wait_all([request], peer, "a message")
         self._wait_all(sends, None, "its sends to complete")
-        return inputs if self.xp is numpy else [self.xp.asarray(i) for i in inputs]
 
     def _barrier(self) -> None:
         request = self.comm.Ibarrier()

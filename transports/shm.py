@@ -5,10 +5,15 @@ one-shot areas sit in its own POSIX shared-memory region, right after its contro
 every other rank of the node maps that region read-only. Memory per rank, whatever the
 message: 4 slots of `segment_bytes` + 2 one-shot areas + a control page, 1.5 MiB by default.
 Nothing is left in /dev/shm after any exit, `kill -9` included (see shared_memory.py).
+
+Messages of 16 KiB and more are read straight out of the sender's buffer, in one copy, where
+the kernel allows it (cross-memory attach); `RINGCC_SINGLE_COPY=0` keeps every message in the
+slots instead (and so does a kernel that refuses).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from mpi4py import MPI
@@ -27,4 +32,5 @@ class ShmTransport(SlotTransport):
     default_one_shot_bytes = 256 << 10
 
     def __init__(self, comm: MPI.Comm | None = None, **options: Any) -> None:
-        super().__init__(comm, HostMemory(), **options)
+        single_copy = os.environ.get("RINGCC_SINGLE_COPY") != "0"
+        super().__init__(comm, HostMemory(single_copy), **options)

@@ -9,7 +9,11 @@ Each rank's host region holds
                 barrier    barriers this rank has entered
                 published  one-shot inputs this rank has published, and their sizes
                 consumed   one line per peer: segments this rank has taken from that peer
-                slot j     one line per slot: which segment slot j holds (dst, seq), its size
+                slot j     one line per slot: which segment slot j holds (dst, seq), the
+                           message's size, and where the message lies when it is not in
+                           the slot (see "Direct reads")
+                call a     one line per one-shot area: the call descriptor and the size of
+                           the input published there
 
 and its data memory, in the host region too or on the device, holds
 
@@ -25,8 +29,16 @@ so a message of any size streams through SLOTS * segment_bytes per rank. Counter
 nothing is reset between collectives. Publishing relies on one rank's stores becoming
 visible to the others in program order, as on x86-64.
 
-A small all-reduce instead publishes its whole input in a one-shot area (`_all_inputs`), and
-every rank reads every other's. Memory per rank, whatever the message: SLOTS * segment_bytes
+Direct reads. Where the memory kind can copy straight out of a peer's ordinary memory (host
+memory, through the kernel's cross-memory attach), a message of DIRECT_BYTES or more takes
+one slot line and no slot data: the sender writes the address of its own buffer in the line,
+the receiver copies the whole message from there into place in one system call (or, to
+reduce it, a slot's worth at a time into scratch that stays in cache) and counts it consumed,
+and the sender returns only then, since its buffer is being read. One copy instead of two.
+
+A small all-reduce instead publishes its whole input in a one-shot area (`_all_inputs`), with
+its call descriptor beside it, and every rank reads every other's: one publish and one wait
+both check the call and move its data. Memory per rank, whatever the message: SLOTS * segment_bytes
 + 2 * one_shot_bytes + the control page. A wait spins briefly, then yields the CPU
 (`Transport.wait`), and stops with PeerFailedError if the peer's process has died rather than
 wait out the timeout.
@@ -44,15 +56,19 @@ from typing import Any, Protocol
 import numpy
 from mpi4py import MPI
 
-from .base import ReduceOp, Transport
+from .base import CALL_WORDS, ReduceOp, Transport
 from .bootstrap import duplicated, on_one_node, start
-from .errors import CollectiveError, InvalidArgumentError, MismatchError, PeerFailedError
+from .errors import (CallsDiffer, CollectiveError, InvalidArgumentError, MismatchError,
+                     PeerFailedError)
 from .shared_memory import SHM_DIR, free_bytes, share_regions
 
 LINE = 64  # bytes: a cache line, one counter each
 PAGE = 4096
 SLOTS = 4  # a sender fills some slots while its receiver empties others
 WORDS = LINE // 8  # 8-byte words per line
+# Messages of at least this size go by direct reads where the memory kind allows: below it, a
+# copy through a slot costs less than the system call.
+DIRECT_BYTES = 16 << 10
 # Control lines: two counters, then one per peer (consumed), then one per slot.
 BARRIER, PUBLISHED, CONSUMED = 0, 1, 2
 
@@ -76,6 +92,12 @@ class MemoryKind(Protocol):
 
     def settle(self) -> None:
         """Wait for every earlier read of a peer's memory to finish."""
+
+    def can_read(self, comm: MPI.Comm, pids: list[int], usable: bool) -> bool:
+        """Whether `read` can copy straight out of any peer's buffer, on every rank. Collective."""
+
+    def read(self, pid: int, address: int, into: Any) -> None:
+        """into[...] = the bytes at `address` in process `pid` (only used if `can_read`)."""
 
 
 def _alive(pid: int) -> bool:
@@ -114,7 +136,8 @@ class SlotTransport(Transport):
         # At least a page, so that small exchanges (the call check too) always take an area.
         self._area_bytes = max(PAGE, -(-self.one_shot_bytes // LINE) * LINE)
         self._slot_line = CONSUMED + size
-        control = -(-(self._slot_line + SLOTS) * LINE // PAGE) * PAGE
+        call_line = self._slot_line + SLOTS
+        control = -(-(call_line + 2) * LINE // PAGE) * PAGE
         data = SLOTS * self.slot_bytes + 2 * self._area_bytes
         nbytes = control + (data if self.memory.in_host_region else 0)
         self._check_room(nbytes)
@@ -127,9 +150,14 @@ class SlotTransport(Transport):
         self._slots = [[d[j * self.slot_bytes:(j + 1) * self.slot_bytes] for j in range(SLOTS)]
                        for d in self._data]
         self._slot_words = [(self._slot_line + j) * WORDS for j in range(SLOTS)]
+        self._call_words = [(call_line + area) * WORDS for area in range(2)]
         pids = self.comm.allgather(os.getpid())
         # Watch peers for death only if their pids mean something here (same pid namespace).
         self._pids = pids if all(_alive(p) for p in pids) else None
+        # Messages from DIRECT_BYTES up are read straight out of the sender's buffer, where
+        # the memory kind can: one copy instead of two, through no slot.
+        self._direct = self.memory.can_read(self.comm, pids, self._pids is not None)
+        self._scratch = numpy.empty(self.slot_bytes, numpy.uint8) if self._direct else None
         self._sent = [0] * size  # segments sent to each rank
         self._taken = [0] * size  # segments taken from each rank (mirrors our consumed lines)
         self._occupant: list[tuple[int, int] | None] = [None] * SLOTS  # (dst, seq) per slot
@@ -165,17 +193,22 @@ class SlotTransport(Transport):
 
     def _stream(self, sendbuf: Any | None, dst: int | None, recvbuf: Any | None,
                 src: int | None, op: ReduceOp | None, inbuf: Any | None) -> None:
-        """Publish `sendbuf` to `dst` while taking `recvbuf` from `src`, a slot at a time
-        (with `op`: recvbuf = op(inbuf, what arrives))."""
+        """Publish `sendbuf` to `dst` while taking `recvbuf` from `src`, a slot at a time or
+        by a direct read (with `op`: recvbuf = op(inbuf, what arrives))."""
         slot = self.slot_bytes
         out = sendbuf.view(numpy.uint8) if sendbuf is not None else None
         into = recvbuf.view(numpy.uint8) if recvbuf is not None else None
-        n_out = 0 if out is None else -(-out.size // slot)
+        direct = out is not None and self._direct and out.size >= DIRECT_BYTES
+        n_out = 0 if out is None else 1 if direct else -(-out.size // slot)
         n_in = 0 if into is None else -(-into.size // slot)
         k_out = k_in = 0
+        read_by = None  # (dst, seq) of a message the receiver reads from our buffer
         while True:
             while k_out < n_out and self._slot_free():
-                self._publish(out[k_out * slot:(k_out + 1) * slot], dst, out.size)
+                if direct:
+                    read_by = self._publish_address(out, dst)
+                else:
+                    self._publish(out[k_out * slot:(k_out + 1) * slot], dst, out.size)
                 k_out += 1
             while k_in < n_in:
                 j = self._find(src)
@@ -183,6 +216,12 @@ class SlotTransport(Transport):
                     break
                 if k_in == 0:
                     self._check_size(src, j, into.size)
+                    address = self._ctl[src][self._slot_words[j] + 2]
+                    if address:
+                        self._read(src, address, into, recvbuf.dtype, op, inbuf)
+                        self._consumed(src)
+                        k_in = n_in
+                        break
                 piece = into[k_in * slot:(k_in + 1) * slot]
                 segment = self._slots[src][j][:piece.size]
                 if op is None:
@@ -190,35 +229,69 @@ class SlotTransport(Transport):
                 else:
                     mine = inbuf.view(numpy.uint8)[k_in * slot:(k_in + 1) * slot]
                     self.memory.reduce(op, piece.view(recvbuf.dtype), mine.view(recvbuf.dtype),
-                                 segment.view(recvbuf.dtype))
-                self._taken[src] += 1
-                self._own[(CONSUMED + src) * WORDS] = self._taken[src]
+                                       segment.view(recvbuf.dtype))
+                self._consumed(src)
                 k_in += 1
             if k_out == n_out and k_in == n_in:
+                if read_by is None or self._has_taken(*read_by):
+                    return
+                self.wait(lambda: self._has_taken(*read_by), dst, "its message to be read")
                 return
             self.wait(lambda: (k_out < n_out and self._slot_free())
                       or (k_in < n_in and self._find(src) is not None),
                       src if k_in < n_in else dst, "a segment" if k_in < n_in else "a free slot")
 
+    def _read(self, src: int, address: int, into: Any, dtype: Any, op: ReduceOp | None,
+              inbuf: Any | None) -> None:
+        """Take the message at `address` in `src`'s memory: copy it into `into` in one go, or
+        reduce it a slot's worth at a time through scratch that stays in cache."""
+        pid = self._pids[src]
+        if op is None:
+            self.memory.read(pid, address, into)
+            return
+        step, mine = self.slot_bytes, inbuf.view(numpy.uint8)
+        for lo in range(0, into.size, step):
+            hi = min(lo + step, into.size)
+            landed = self._scratch[:hi - lo]
+            self.memory.read(pid, address + lo, landed)
+            op(mine[lo:hi].view(dtype), landed.view(dtype), out=into[lo:hi].view(dtype))
+
+    def _consumed(self, src: int) -> None:
+        """Count one more segment (or direct message) taken from `src`, for it to see."""
+        self._taken[src] += 1
+        self._own[(CONSUMED + src) * WORDS] = self._taken[src]
+
+    def _has_taken(self, dst: int, seq: int) -> bool:
+        """Whether `dst` has taken our segment number `seq` to it."""
+        return self._ctl[dst][(CONSUMED + self.rank) * WORDS] > seq
+
     def _slot_free(self) -> bool:
         """Whether the receiver of what the next slot holds has taken it."""
         occupant = self._occupant[self._next_slot]
-        if occupant is None:
-            return True
-        dst, seq = occupant
-        return self._ctl[dst][(CONSUMED + self.rank) * WORDS] > seq
+        return occupant is None or self._has_taken(*occupant)
 
     def _publish(self, piece: Any, dst: int, nbytes: int) -> None:
         """Copy `piece` (of a message of `nbytes`) into the next slot, then say what it holds."""
+        self.memory.copy(self._slots[self.rank][self._next_slot][:piece.size], piece)
+        self._announce(dst, nbytes, 0)
+
+    def _publish_address(self, message: Any, dst: int) -> tuple[int, int]:
+        """Say where `message` lies, for `dst` to read it there; its (dst, seq)."""
+        return self._announce(dst, message.size, message.ctypes.data)
+
+    def _announce(self, dst: int, nbytes: int, address: int) -> tuple[int, int]:
+        """Fill the next slot's line: what it holds for `dst`, of a message of `nbytes`, which
+        lies at `address` (0: in the slot). Returns (dst, seq)."""
         j = self._next_slot
-        self.memory.copy(self._slots[self.rank][j][:piece.size], piece)
         seq = self._sent[dst]
         word = self._slot_words[j]
         self._own[word + 1] = nbytes
+        self._own[word + 2] = address
         self._own[word] = (dst + 1) << 48 | seq  # last: the segment is now visible
         self._occupant[j] = (dst, seq)
         self._sent[dst] = seq + 1
         self._next_slot = (j + 1) % SLOTS
+        return dst, seq
 
     def _find(self, src: int) -> int | None:
         """The slot of `src` that holds our next segment from it, or None if none does yet."""
@@ -255,34 +328,46 @@ class SlotTransport(Transport):
                 return False
         return True
 
-    def _all_inputs(self, buf: Any) -> list[Any]:
-        """Publish `buf` in this call's one-shot area and return every rank's area.
+    def _all_inputs(self, buf: Any, call: tuple[int, ...] | None) -> list[Any]:
+        """Publish `buf`, and the call's descriptor, in this turn's one-shot area and return
+        every rank's area once each has published; CallsDiffer if a descriptor differs.
 
-        The areas alternate between calls. Reusing one is safe without asking: a peer
-        publishes call c-1 only after reading call c-2, and we saw every peer's call c-1.
+        The areas alternate between turns. Reusing one is safe without asking: a peer
+        publishes turn t-1 only after reading turn t-2, and we saw every peer's turn t-1.
         """
-        self.memory.settle()  # the previous call's reads of peers' areas are done
+        self.memory.settle()  # the previous turn's reads of peers' areas are done
         nbytes = buf.nbytes
-        if nbytes > self._area_bytes:
-            return super()._all_inputs(buf)
+        if nbytes > self._area_bytes:  # the call checked in an area, the data the long way
+            if call is not None:
+                self._all_inputs(buf[:0], call)
+            return self._exchange(buf)
         self._one_shots += 1
-        call = self._one_shots
-        area = call & 1
+        turn = self._one_shots
+        area = turn & 1
         key, inputs = self._areas[area]
         if key != (nbytes, buf.dtype):
             lo = SLOTS * self.slot_bytes + area * self._area_bytes
             inputs = [d[lo:lo + nbytes].view(buf.dtype) for d in self._data]
             self._areas[area] = ((nbytes, buf.dtype), inputs)
-        self.memory.copy(inputs[self.rank], buf)
-        size_word = PUBLISHED * WORDS + 1 + area  # one per area, kept as long as the area
-        self._own[size_word] = nbytes
-        self._own[PUBLISHED * WORDS] = call
-        self.wait(lambda: self._everyone(PUBLISHED, call), None, "one-shot inputs",
-                  late=lambda: self._behind(PUBLISHED, call))
+        if nbytes:
+            self.memory.copy(inputs[self.rank], buf)
+        own, word = self._own, self._call_words[area]
+        if call is not None:
+            for i, value in enumerate(call):
+                own[word + i] = value
+        own[word + CALL_WORDS] = nbytes
+        own[PUBLISHED * WORDS] = turn  # last: the area and its line are now visible
+        if not self._everyone(PUBLISHED, turn):
+            self.wait(lambda: self._everyone(PUBLISHED, turn), None, "one-shot inputs",
+                      late=lambda: self._behind(PUBLISHED, turn))
+        if call is not None:
+            calls = [tuple(ctl[word:word + CALL_WORDS]) for ctl in self._ctl]
+            if calls.count(call) != self.size:
+                raise CallsDiffer(calls)
         for r, ctl in enumerate(self._ctl):
-            if ctl[size_word] != nbytes:
+            if ctl[word + CALL_WORDS] != nbytes:
                 raise MismatchError(f"rank {self.rank} all-reduces {nbytes} bytes but rank {r} "
-                                    f"{ctl[size_word]}"
+                                    f"{ctl[word + CALL_WORDS]}"
                                     + (f" during {self.where}" if self.where else ""))
         return inputs
 
