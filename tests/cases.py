@@ -10,6 +10,8 @@ tolerance for floats (the ring adds in another order than NumPy does).
 from __future__ import annotations
 
 import functools
+import time
+from pathlib import Path
 from typing import Any
 
 import numpy
@@ -115,6 +117,25 @@ def reduce_scatter_case(comm: Any, count: int, dtype: str, op: str) -> dict:
 def barrier_case(comm: Any) -> dict:
     comm.barrier()
     return {"result": numpy.array(comm.rank)}
+
+
+def marked_barrier_case(comm: Any, folder: str, hold: float) -> dict:
+    """Leave a mark in `folder`, pass the barrier, then list the marks there.
+
+    The last rank marks late: once another rank has passed the barrier, or after `hold`
+    seconds. A barrier lets nobody out before that mark is made, so every rank lists all N
+    marks (and the last rank waits out `hold`); a rank let out early misses the last mark.
+    """
+    marks = Path(folder)
+    if comm.size > 1 and comm.rank == comm.size - 1:
+        deadline = time.monotonic() + hold
+        while not any(marks.glob("passed-*")) and time.monotonic() < deadline:
+            time.sleep(0.001)
+    (marks / f"mark-{comm.rank}").touch()
+    comm.barrier()
+    seen = sorted(path.name for path in marks.glob("mark-*"))
+    (marks / f"passed-{comm.rank}").touch()
+    return {"result": seen}
 
 
 # ---- references, checked in the test process ----------------------------------------------

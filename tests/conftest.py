@@ -11,8 +11,10 @@ import cases
 import collectives
 from launch import mpich_segments, remove_orphaned_mpich_segments
 from pool import VARIANTS, RankPool
+from transports import registry
 
-POOL_TRANSPORTS = [name for name in ("mpi", "shm") if name in collectives.TRANSPORTS]
+# The transports an MPI job can choose that move NumPy arrays: the pool's ranks run each.
+POOL_TRANSPORTS = registry.names(device="cpu")
 
 
 @pytest.fixture(scope="session", autouse=True)

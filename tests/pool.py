@@ -1,4 +1,4 @@
-"""A persistent pool of real `mpiexec` ranks that run test bodies sent over local sockets.
+"""A persistent pool of real `mpiexec` ranks that run test bodies sent over local connections.
 
 Starting an MPI job costs a second or so; a property test runs hundreds of examples. So the
 test process starts one job of `MAX_RANKS` ranks (`pool_worker.py`) and keeps it: each rank
@@ -7,21 +7,22 @@ waits for work in a socket read (MPICH busy-polls inside a blocking MPI call, wh
 the cores the working ranks need). An example is sent to ranks 0..k-1 of the pool; each runs
 the named body from `cases.py` on its size-k communicator and sends back what it ended with.
 
-A rank that does not answer in time fails the example with its rank named, and the pool is
-killed whole (its own process group) and started afresh for the next example.
+Messages go through `multiprocessing.connection`, authenticated with a key the ranks get in
+their environment. A rank that does not answer in time fails the example with its rank named,
+and the pool is killed whole (its own process group) and started afresh for the next example.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
 import time
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from pathlib import Path
 from typing import Any
 
@@ -29,38 +30,24 @@ from launch import ROOT, mpiexec_path, rank_env
 
 MAX_RANKS = 6
 # Communicator options the tests choose between: the transport's defaults; the ring always,
-# with many segments per chunk on test-sized buffers (Gloo's maxSegmentSize knob); and the
-# one-shot all-reduce for every buffer a test sends.
+# with many segments per chunk on test-sized buffers (Gloo's maxSegmentSize knob); the
+# one-shot all-reduce for every buffer a test sends; and no call check (check.py), which is
+# itself a barrier and would hide a transport's barrier that does not hold.
 VARIANTS = {"auto": {}, "ring": {"segment_bytes": 4096, "one_shot_bytes": 0},
-            "one_shot": {"one_shot_bytes": 1 << 20}}
+            "one_shot": {"one_shot_bytes": 1 << 20}, "unchecked": {"check": False}}
 START_TIMEOUT = 120.0
 ANSWER_TIMEOUT = 40.0  # longer than a rank's own collective timeout, so that one speaks first
 RANK_TIMEOUT = 20.0
+AUTHKEY_VARIABLE = "RINGCC_POOL_AUTHKEY"  # the key, in hex, in the ranks' environment
 
 
-def send_message(sock: socket.socket, message: Any) -> None:
-    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    sock.sendall(struct.pack("!Q", len(payload)) + payload)
-
-
-def recv_message(sock: socket.socket) -> Any:
-    """The next message, or None when the other side has gone."""
-    header = _recv_exactly(sock, 8)
-    if header is None:
+def receive(connection: Connection, timeout: float) -> Any:
+    """The next message, or None if none came within `timeout` seconds or the other side has
+    gone."""
+    try:
+        return connection.recv() if connection.poll(timeout) else None
+    except (EOFError, OSError):
         return None
-    payload = _recv_exactly(sock, struct.unpack("!Q", header)[0])
-    return None if payload is None else pickle.loads(payload)
-
-
-def _recv_exactly(sock: socket.socket, nbytes: int) -> bytes | None:
-    chunks, left = [], nbytes
-    while left:
-        chunk = sock.recv(min(left, 1 << 20))
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
 
 
 class RankFailed(AssertionError):
@@ -77,7 +64,7 @@ class RankPool:
     def __init__(self, transports: list[str]) -> None:
         self.transports = transports
         self.process: subprocess.Popen | None = None
-        self.sockets: list[socket.socket] = []
+        self.connections: list[Connection] = []
         self.log = tempfile.TemporaryFile(mode="w+")
 
     def run(self, case: str, size: int, transport: str, variant: str = "auto",
@@ -86,7 +73,7 @@ class RankPool:
         if self.process is None:
             self._start()
         for rank in range(size):
-            send_message(self.sockets[rank], (case, (transport, variant, size), example))
+            self.connections[rank].send((case, (transport, variant, size), example))
         replies = [self._answer(rank, case) for rank in range(size)]
         for rank, reply in enumerate(replies):
             if reply[0] == "raised":
@@ -94,48 +81,46 @@ class RankPool:
         return [reply[1] for reply in replies]
 
     def _answer(self, rank: int, case: str) -> Any:
-        sock = self.sockets[rank]
-        sock.settimeout(ANSWER_TIMEOUT)
-        try:
-            reply = recv_message(sock)
-        except socket.timeout:
-            reply = None
+        reply = receive(self.connections[rank], ANSWER_TIMEOUT)
         if reply is None:
             output = self._output()
             self.close()
-            raise AssertionError(f"rank {rank} did not answer {case} within "
-                                 f"{ANSWER_TIMEOUT:g} s; the pool was restarted\n{output}")
+            raise AssertionError(f"rank {rank} did not answer {case}: it has gone, or took "
+                                 f"over {ANSWER_TIMEOUT:g} s; the pool was restarted\n{output}")
         return reply
 
     def _start(self) -> None:
-        listener = socket.create_server(("127.0.0.1", 0))
-        listener.settimeout(START_TIMEOUT)
-        port = listener.getsockname()[1]
+        authkey = os.urandom(32)
+        server = socket.create_server(("127.0.0.1", 0))
         command = [mpiexec_path(), "-n", str(MAX_RANKS), sys.executable,
-                   str(Path(__file__).with_name("pool_worker.py")), str(port),
-                   ",".join(self.transports), str(RANK_TIMEOUT)]
+                   str(Path(__file__).with_name("pool_worker.py")),
+                   str(server.getsockname()[1]), ",".join(self.transports), str(RANK_TIMEOUT)]
         self.log.seek(0)
         self.log.truncate()
-        self.process = subprocess.Popen(command, cwd=ROOT, env=rank_env(), stdin=subprocess.DEVNULL,
-                                        stdout=self.log, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
-        by_rank: dict[int, socket.socket] = {}
+        self.process = subprocess.Popen(command, cwd=ROOT,
+                                        env=rank_env(**{AUTHKEY_VARIABLE: authkey.hex()}),
+                                        stdin=subprocess.DEVNULL, stdout=self.log,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + START_TIMEOUT
+        by_rank: dict[int, Connection] = {}
         try:
             while len(by_rank) < MAX_RANKS:
-                connection, _ = listener.accept()
-                connection.settimeout(max(1.0, deadline - time.monotonic()))
-                by_rank[recv_message(connection)] = connection
-            self.sockets = [by_rank[rank] for rank in range(MAX_RANKS)]
-            for rank, sock in enumerate(self.sockets):
-                if recv_message(sock) != "ready":
+                connection = _accept(server, authkey, deadline)
+                rank = receive(connection, deadline - time.monotonic())
+                if rank is None:
+                    raise RuntimeError("a rank connected but did not say which it is")
+                by_rank[rank] = connection
+            self.connections = [by_rank[rank] for rank in range(MAX_RANKS)]
+            for rank, connection in enumerate(self.connections):
+                if receive(connection, deadline - time.monotonic()) != "ready":
                     raise RuntimeError(f"pool rank {rank} failed to start")
-        except (OSError, RuntimeError) as error:
+        except (OSError, EOFError, AuthenticationError, RuntimeError) as error:
+            self.connections = list(by_rank.values())
             output = self._output()
             self.close()
             raise RuntimeError(f"the MPI test pool did not start: {error}\n{output}") from None
         finally:
-            listener.close()
+            server.close()
 
     def _output(self) -> str:
         self.log.flush()
@@ -146,9 +131,9 @@ class RankPool:
         """Stop the ranks: politely, then by killing their process group."""
         if self.process is None:
             return
-        for sock in self.sockets:
+        for connection in self.connections:
             try:
-                send_message(sock, "quit")
+                connection.send("quit")
             except OSError:
                 pass
         try:
@@ -160,6 +145,18 @@ class RankPool:
         except ProcessLookupError:
             pass
         self.process.wait()
-        for sock in self.sockets:
-            sock.close()
-        self.process, self.sockets = None, []
+        for connection in self.connections:
+            connection.close()
+        self.process, self.connections = None, []
+
+
+def _accept(server: socket.socket, authkey: bytes, deadline: float) -> Connection:
+    """The next connection to `server`, authenticated as `Listener.accept` does it (whose
+    accept cannot time out); OSError once `deadline` (time.monotonic) has passed."""
+    server.settimeout(max(deadline - time.monotonic(), 1e-3))
+    sock, _ = server.accept()
+    sock.setblocking(True)
+    connection = Connection(sock.detach())
+    deliver_challenge(connection, authkey)
+    answer_challenge(connection, authkey)
+    return connection

@@ -5,15 +5,16 @@
 
 from __future__ import annotations
 
-import socket
+import os
 import sys
 import traceback
+from multiprocessing.connection import Client
 
 from mpi4py import MPI
 
 import cases
 import collectives
-from pool import VARIANTS, recv_message, send_message
+from pool import AUTHKEY_VARIABLE, VARIANTS
 
 
 def main() -> None:
@@ -21,8 +22,9 @@ def main() -> None:
     timeout = float(sys.argv[3])
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
-    sock = socket.create_connection(("127.0.0.1", port))
-    send_message(sock, rank)
+    connection = Client(("127.0.0.1", port),
+                        authkey=bytes.fromhex(os.environ[AUTHKEY_VARIABLE]))
+    connection.send(rank)
 
     # One communicator per (transport, variant, number of ranks), built once.
     comms = {}
@@ -34,11 +36,14 @@ def main() -> None:
                     comms[(transport, variant, size)] = collectives.init(
                         transport, comm=part, timeout=timeout, **options)
                     part.Free()
-    send_message(sock, "ready")
+    connection.send("ready")
 
     while True:
-        message = recv_message(sock)  # idle ranks wait here, not in MPI
-        if message is None or message == "quit":
+        try:
+            message = connection.recv()  # idle ranks wait here, in a socket read, not in MPI
+        except EOFError:  # the test process has gone
+            break
+        if message == "quit":
             break
         case, key, example = message
         comm = comms[key]
@@ -47,7 +52,7 @@ def main() -> None:
             reply = ("ok", getattr(cases, case)(comm, **example))
         except Exception as error:  # noqa: BLE001 - reported to the test process
             reply = ("raised", type(error).__name__, str(error), traceback.format_exc())
-        send_message(sock, reply)
+        connection.send(reply)
     for comm in comms.values():
         comm.close()
 

@@ -1,13 +1,15 @@
 """Bad arguments: a clear error before anything is sent, and the communicator still works.
 
 Runs on thread ranks (`collectives.spawn`). The error of each bad argument is pinned by a
-table; a hypothesis test then feeds random arguments to every collective and checks that each
-call either gives NumPy's answer or raises a documented error (ValueError or TypeError),
-within the timeout.
+table; a hypothesis test then feeds random arguments to every collective, decides from the
+arguments alone whether the call is valid, and checks that a valid call gives NumPy's answer
+and an invalid one raises the InvalidArgumentError or InvalidTypeError its arguments call for,
+on a rank whose arguments are wrong, within the timeout.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 import types
 
@@ -18,8 +20,9 @@ from hypothesis import strategies as st
 
 import cases
 import collectives
+from collectives import InvalidArgumentError, InvalidTypeError
 
-TIMEOUT = 5  # seconds; a call that hangs fails with TimeoutError instead
+TIMEOUT = 5  # seconds; a call that hangs fails with CollectiveTimeoutError instead
 
 
 def read_only(shape, dtype="float64"):
@@ -244,20 +247,70 @@ def reference(collective, dtype, shape_name, op, root, size, rank):
     return cases.reduce_reference(op, inputs)[rank]
 
 
+def recvbuf_errors(recv, numeric, collective):
+    """The errors a recvbuf of kind `recv` calls for; it has sendbuf's dtype unless it is the
+    wrong one (float32 or float64)."""
+    if recv == "list":
+        return {InvalidTypeError}
+    errors = set()
+    if recv not in ("none", "wrong dtype") and not numeric:
+        errors.add(InvalidTypeError)
+    if recv in ("wrong shape", "wrong dtype", "read-only") or \
+            (recv == "same" and collective != "all_reduce"):  # only all_reduce works in place
+        errors.add(InvalidArgumentError)
+    return errors
+
+
+def errors_for(rank, collective, dtype, shape_name, recv, op, root, size):
+    """The errors that `rank`'s own arguments call for, decided from the arguments alone: none
+    when they are all good, else one for each thing wrong (a rank raises the first it finds)."""
+    root = size if root == "size" else root
+    shape = shape_of(shape_name, size)
+    numeric = numpy.dtype(dtype).kind in "biufc"
+    passes_sendbuf = collective != "scatter" or rank == root  # as make_call does
+    errors = set()
+    if collective in ("all_reduce", "reduce_scatter"):
+        if op not in collectives.OPS:
+            errors.add(InvalidArgumentError)
+        elif numeric and op not in cases.ops_for(dtype):  # bool sum, integer avg, complex max
+            errors.add(InvalidTypeError)
+    if collective in ("broadcast", "scatter") and \
+            not (type(root) in (int, numpy.int64) and 0 <= root < size):  # True, 1.0, "0"
+        errors.add(InvalidArgumentError)
+    if passes_sendbuf and not numeric:
+        errors.add(InvalidTypeError)
+    if collective == "reduce_scatter" or (collective == "scatter" and passes_sendbuf):
+        if not shape or shape[0] != size:  # one block per rank
+            errors.add(InvalidArgumentError)
+    if collective != "broadcast":
+        errors |= recvbuf_errors(recv, numeric, collective)
+    return tuple(sorted(errors, key=lambda error: error.__name__))
+
+
 @settings(max_examples=150, deadline=None)
 @given(collective=st.sampled_from(["all_reduce", "all_gather", "broadcast", "scatter",
                                    "reduce_scatter"]),
        size=st.integers(1, 4), dtype=st.sampled_from(DTYPES), shape=st.sampled_from(SHAPES),
        recv=st.sampled_from(RECVBUFS), op=st.sampled_from(OPS), root=st.sampled_from(ROOTS))
-def test_random_arguments_work_or_raise_a_documented_error(collective, size, dtype, shape, recv,
-                                                           op, root):
-    try:
-        results = collectives.spawn(make_call, size, collective, dtype, shape, recv, op, root,
-                                    timeout=TIMEOUT)
-    except (ValueError, TypeError) as error:  # a bad argument, raised before anything was sent
-        event(f"raised {type(error).__name__}")
+def test_random_arguments_work_or_raise_the_error_they_call_for(collective, size, dtype, shape,
+                                                                recv, op, root):
+    """A valid call gives NumPy's answer; an invalid one raises, on a rank whose own arguments
+    are wrong, an error that they call for."""
+    arguments = (collective, dtype, shape, recv, op, root)
+    expected = [errors_for(rank, *arguments, size) for rank in range(size)]
+    if not any(expected):
+        event("valid")
+        results = collectives.spawn(make_call, size, *arguments, timeout=TIMEOUT)
+        for rank, result in enumerate(results):
+            want = reference(collective, dtype, shape, op, root, size, rank)
+            cases.assert_matches(numpy.asarray(result), numpy.asarray(want),
+                                 numpy.dtype(dtype).name)
         return
-    event("worked")
-    for rank, result in enumerate(results):
-        want = reference(collective, dtype, shape, op, root, size, rank)
-        cases.assert_matches(numpy.asarray(result), numpy.asarray(want), numpy.dtype(dtype).name)
+    with pytest.raises(collectives.CollectiveError) as caught:
+        collectives.spawn(make_call, size, *arguments, timeout=TIMEOUT)
+    error = caught.value
+    event(f"raised {type(error).__name__}")
+    rank = int(re.search(r"raised on rank (\d+) of", " ".join(error.__notes__)).group(1))
+    called_for = " or ".join(kind.__name__ for kind in expected[rank]) or "no error"
+    assert isinstance(error, expected[rank]), \
+        f"rank {rank} raised {type(error).__name__}: {error}; its arguments call for {called_for}"

@@ -2,7 +2,9 @@
 
 Rank counts 1..6, element counts from 0 through counts below the rank count and primes to
 1e5, every dtype and op, every root, in place and not, contiguous or not, one segment or
-many, ring or one-shot; data depends on rank and index. All-reduce results must be bitwise equal on all ranks.
+many, ring or one-shot, with the call check or without; data depends on rank and index.
+All-reduce results must be bitwise equal on all ranks, and the barrier must keep every rank in
+until the last one has come.
 """
 
 from __future__ import annotations
@@ -96,5 +98,9 @@ def test_reduce_scatter(run, size, count, dtype_op, variant):
 
 
 @pytest.mark.parametrize("size", range(1, MAX_RANKS + 1))
-def test_barrier(run, size):
-    assert [int(r["result"]) for r in run("barrier_case", size)] == list(range(size))
+def test_barrier_keeps_every_rank_in_until_the_last_has_come(run, size, tmp_path):
+    """Without the call check, itself a barrier: the transport's barrier must hold alone."""
+    results = run("marked_barrier_case", size, "unchecked", folder=str(tmp_path), hold=0.2)
+    marks = [f"mark-{rank}" for rank in range(size)]
+    for rank, result in enumerate(results):
+        assert result["result"] == marks, f"rank {rank} passed the barrier too early"

@@ -1,176 +1,191 @@
-"""The recorded schedule of every ring collective equals the textbook one, transfer by transfer.
+"""The ring collectives move what their definitions say, and no more bytes than the ring must.
 
-Thread ranks run each collective with tracing on; the test writes down, independently of the
-code, what the textbook says each rank does in each step (baidu-allreduce's rule: in step s,
-rank r sends chunk r - s and receives chunk r - s - 1), and compares the two for every rank
-count from 1 to 8 and uneven counts, where some chunks are one element longer and some empty.
+Thread ranks run each collective with tracing on, and an oracle that knows nothing of the
+schedule replays the traced transfers on symbolic data: each element of each rank's buffer
+holds the contributions it carries, as a count per rank; a message carries what its span held
+when it was sent, a copy overwrites the span it lands in and a reduce adds to it. The replay
+must end where the collective's definition says, with every contribution exactly once, for 1
+to 8 ranks and uneven counts, where some chunks are one element longer and some empty. The
+4-rank table in all_reduce.py's docstring is checked against a traced run, the naive
+all-reduces for the whole buffers they pass, and the bytes each rank moves against the bound
+of its algorithm, on thread ranks and on real MPI ranks.
 """
 
 from __future__ import annotations
+
+import re
+from collections import Counter, deque
 
 import numpy
 import pytest
 
 import collectives
-from collectives import naive
+from collectives import all_reduce, chunk_bounds
 
 SIZES = range(1, 9)
 COUNTS = [0, 3, 7, 13, 100]
 ITEM = 8  # float64
 
 
-@pytest.fixture(autouse=True)
-def ring_only(monkeypatch):
-    """Small all-reduces may take the one-shot path when a transport is told to; not here."""
-    monkeypatch.delenv("RINGCC_ONE_SHOT_BYTES", raising=False)
+def data(rank: int, count: int) -> numpy.ndarray:
+    return rank * 1000 + numpy.arange(count, dtype=numpy.float64)
 
 
-def textbook_chunks(count: int, size: int) -> list[tuple[int, int]]:
-    """[lo, hi) of each chunk: the first count % size chunks one element longer."""
-    sizes = [count // size + (1 if k < count % size else 0) for k in range(size)]
-    starts = numpy.concatenate([[0], numpy.cumsum(sizes)]).astype(int).tolist()
-    return list(zip(starts[:-1], starts[1:]))
-
-
-def ring_pass(rank: int, size: int, chunks: list[tuple[int, int]], phase: str, kind: str,
-              first: int, where: str) -> list[dict]:
-    """One ring pass as the textbook draws it: in step s, rank r sends chunk (r + first - s)
-    to r + 1 and receives chunk (r + first - s - 1) from r - 1. Empty chunks are not sent."""
-    records = []
-    for step in range(size - 1):
-        send = chunks[(rank + first - step) % size]
-        recv = chunks[(rank + first - step - 1) % size]
-        if send[1] == send[0] and recv[1] == recv[0]:
-            continue
-        records.append({
-            "rank": rank, "kind": kind, "where": where, "phase": phase, "step": step,
-            "dst": (rank + 1) % size if send[1] > send[0] else None,
-            "send": (send[0], send[1] - send[0]) if send[1] > send[0] else None,
-            "src": (rank - 1) % size if recv[1] > recv[0] else None,
-            "recv": (recv[0], recv[1] - recv[0]) if recv[1] > recv[0] else None,
-            "bytes": (send[1] - send[0]) * ITEM})
-    return records
-
-
-def recorded(body, size: int, **options) -> list[tuple[list[dict], dict, int]]:
-    """Run `body(comm)` on thread ranks with tracing on: per rank (records, result, bytes)."""
+def traced_run(body, size: int, **options) -> list[tuple[list[dict], object, int]]:
+    """Run `body(comm)` on thread ranks, always by the ring, with tracing on: per rank
+    (records, result, bytes sent)."""
     def traced(comm):
         with comm.trace() as records:
             result = body(comm)
         return records, result, comm.stats.bytes_sent
 
-    return collectives.spawn(traced, size, **options)
+    return collectives.spawn(traced, size, one_shot_bytes=0, **options)
 
 
-def data(rank: int, count: int) -> numpy.ndarray:
-    return rank * 1000 + numpy.arange(count, dtype=numpy.float64)
+def own_contributions(size: int, count: int) -> list[list[Counter]]:
+    """Every element of rank r's buffer holds rank r's contribution, once."""
+    return [[Counter({rank: 1}) for _ in range(count)] for rank in range(size)]
+
+
+def replay(records: list[list[dict]], held: list[list[Counter]]) -> None:
+    """Replay every rank's traced transfers on `held` (held[rank][element]), in place.
+
+    Each rank takes its records in order; a record's message leaves with what its span holds
+    then, and its receive waits for the matching message: the k-th that its source sent it,
+    as messages between two ranks arrive in order.
+    """
+    size = len(records)
+    in_flight = {(src, dst): deque() for src in range(size) for dst in range(size)}
+    done, sent = [0] * size, [False] * size
+    moved = True
+    while moved:
+        moved = False
+        for rank in range(size):
+            while done[rank] < len(records[rank]):
+                record = records[rank][done[rank]]
+                if record["send"] is not None and not sent[rank]:
+                    lo, count = record["send"]
+                    in_flight[(rank, record["dst"])].append(held[rank][lo:lo + count])
+                    sent[rank] = True
+                if record["recv"] is not None:
+                    arrived = in_flight[(record["src"], rank)]
+                    if not arrived:
+                        break  # wait for the source to send it
+                    message = arrived.popleft()
+                    lo, count = record["recv"]
+                    assert len(message) == count, f"rank {rank}: {record} got {len(message)}"
+                    for i, carried in enumerate(message, start=lo):
+                        held[rank][i] = carried if record["kind"] == "copy" \
+                            else held[rank][i] + carried
+                done[rank], sent[rank] = done[rank] + 1, False
+                moved = True
+    assert done == [len(r) for r in records], "the traced transfers wait for each other forever"
+    assert not any(in_flight.values()), "a message was sent that no rank received"
+
+
+def in_phase(records: list[list[dict]], phase: str) -> list[list[dict]]:
+    return [[r for r in rank_records if r["phase"] == phase] for rank_records in records]
 
 
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("count", COUNTS)
-def test_all_reduce_follows_the_textbook_ring(size, count):
-    runs = recorded(lambda comm: comm.all_reduce(data(comm.rank, count)), size)
-    chunks = textbook_chunks(count, size)
+def test_all_reduce_reduces_every_chunk_on_one_rank_then_gives_it_to_all(size, count):
+    """After the reduce-scatter pass each element is fully reduced on exactly one rank, rank r
+    owning chunk r+1 (all_reduce.py); after the all-gather pass every rank has every one."""
+    def in_place(comm):
+        buf = data(comm.rank, count)
+        return comm.all_reduce(buf, buf)
+
+    runs = traced_run(in_place, size)
+    records = [rank_records for rank_records, _, _ in runs]
+    everyone = Counter(range(size))
+    held = own_contributions(size, count)
+    replay(in_phase(records, "reduce-scatter"), held)
+    for rank in range(size):
+        assert all(max(c.values()) == 1 for c in held[rank]), f"rank {rank} counts one twice"
+        owned = [i for i, carried in enumerate(held[rank]) if carried == everyone]
+        assert owned == list(range(*chunk_bounds(count, size)[(rank + 1) % size])), rank
+    replay(in_phase(records, "all-gather"), held)
+    assert held == [[everyone] * count] * size
     total = sum(data(r, count) for r in range(size))
-    for rank, (records, result, sent) in enumerate(runs):
-        expected = (ring_pass(rank, size, chunks, "reduce-scatter", "reduce", 0, "all_reduce #1")
-                    + ring_pass(rank, size, chunks, "all-gather", "copy", 1, "all_reduce #1"))
-        assert records == expected, f"rank {rank}"
+    for _, result, _ in runs:
         assert numpy.array_equal(result, total)
-        # Rank r sends every chunk but r+1 in the first pass and every one but r+2 in the second.
-        skipped = sum(hi - lo for lo, hi in (chunks[(rank + 1) % size], chunks[(rank + 2) % size]))
-        assert sent == ((2 * count - skipped) * ITEM if size > 1 else 0)
+    # Every chunk goes round the ring twice, one hop short each time.
     assert sum(sent for _, _, sent in runs) == 2 * (size - 1) * count * ITEM
 
 
 @pytest.mark.parametrize("size", SIZES)
 def test_all_reduce_sends_2_n_minus_1_over_n_of_the_buffer(size):
     count = 24 * 35  # a multiple of every size 1..8: each rank sends exactly the bound
-    runs = recorded(lambda comm: comm.all_reduce(data(comm.rank, count)), size)
-    for _, _, sent in runs:
+    for _, _, sent in traced_run(lambda comm: comm.all_reduce(data(comm.rank, count)), size):
         assert sent == 2 * (size - 1) * count * ITEM // size
 
 
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("count", COUNTS)
-def test_all_gather_follows_the_textbook_ring(size, count):
-    runs = recorded(lambda comm: comm.all_gather(data(comm.rank, count)), size)
-    blocks = [(r * count, (r + 1) * count) for r in range(size)]
-    for rank, (records, result, sent) in enumerate(runs):
-        assert records == ring_pass(rank, size, blocks, "all-gather", "copy", 0,
-                                    "all_gather #1"), f"rank {rank}"
+def test_all_gather_gives_every_rank_every_block(size, count):
+    runs = traced_run(lambda comm: comm.all_gather(data(comm.rank, count)), size)
+    held = [[Counter({rank: 1}) if i // count == rank else Counter()
+             for i in range(size * count)] for rank in range(size)]
+    replay([records for records, _, _ in runs], held)
+    assert held == [[Counter({i // count: 1}) for i in range(size * count)]] * size
+    for _, result, sent in runs:
         assert numpy.array_equal(result, [data(r, count) for r in range(size)])
         assert sent == (size - 1) * count * ITEM  # (N-1)/N of the output
 
 
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("count", COUNTS)
-def test_reduce_scatter_follows_the_textbook_ring(size, count):
+def test_reduce_scatter_reduces_block_r_on_rank_r(size, count):
     def body(comm):
         return comm.reduce_scatter(data(comm.rank, size * count).reshape(size, count))
 
-    runs = recorded(body, size)
-    blocks = [(r * count, (r + 1) * count) for r in range(size)]
+    runs = traced_run(body, size)
+    held = own_contributions(size, size * count)
+    replay([records for records, _, _ in runs], held)
     total = sum(data(r, size * count) for r in range(size)).reshape(size, count)
-    for rank, (records, result, sent) in enumerate(runs):
-        # Shifted one block back, so that the block a rank ends with is its own.
-        assert records == ring_pass(rank, size, blocks, "reduce-scatter", "reduce", -1,
-                                    "reduce_scatter #1"), f"rank {rank}"
+    for rank, (_, result, sent) in enumerate(runs):
+        assert held[rank][rank * count:(rank + 1) * count] == [Counter(range(size))] * count
         assert numpy.array_equal(result, total[rank])
         assert sent == (size - 1) * count * ITEM  # (N-1)/N of the input
 
 
-def textbook_broadcast(rank: int, size: int, root: int, pieces: list[tuple[int, int]]):
-    """The pipelined chain root -> root+1 -> ...: while a rank forwards segment k-1 to its
-    right, segment k arrives from its left."""
-    position, right, left = (rank - root) % size, (rank + 1) % size, (rank - 1) % size
-
-    def record(step, send, recv):
-        return {"rank": rank, "kind": "copy", "where": "broadcast #1", "phase": "broadcast",
-                "step": step, "dst": right if send else None,
-                "send": (send[0], send[1] - send[0]) if send else None,
-                "src": left if recv else None,
-                "recv": (recv[0], recv[1] - recv[0]) if recv else None,
-                "bytes": (send[1] - send[0]) * ITEM if send else 0}
-
-    if size == 1 or not pieces:
-        return []
-    if position == 0:
-        return [record(k, piece, None) for k, piece in enumerate(pieces)]
-    if position == size - 1:
-        return [record(k, None, piece) for k, piece in enumerate(pieces)]
-    return ([record(0, None, pieces[0])]
-            + [record(k, pieces[k - 1], pieces[k]) for k in range(1, len(pieces))]
-            + [record(len(pieces), pieces[-1], None)])
+def assert_forwards_what_arrived(records: list[dict]) -> None:
+    """Each transfer sends on what the one before received, while the next arrives."""
+    for before, after in zip(records, records[1:]):
+        assert after["send"] == before["recv"], (before, after)
 
 
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("count", COUNTS)
-def test_broadcast_follows_the_textbook_pipeline(size, count):
+def test_broadcast_pipelines_segments_down_the_chain(size, count):
     root = size // 2
-    segment = 3 * ITEM  # several segments per buffer
-    runs = recorded(lambda comm: comm.broadcast(data(comm.rank, count), root), size,
-                    segment_bytes=segment)
-    pieces = [(lo, min(lo + 3, count)) for lo in range(0, count, 3)]
-    for rank, (records, result, sent) in enumerate(runs):
-        assert records == textbook_broadcast(rank, size, root, pieces), f"rank {rank}"
+    runs = traced_run(lambda comm: comm.broadcast(data(comm.rank, count), root), size,
+                      segment_bytes=3 * ITEM)  # several segments per buffer
+    records = [rank_records for rank_records, _, _ in runs]
+    held = own_contributions(size, count)
+    replay(records, held)
+    assert held == [[Counter({root: 1})] * count] * size
+    end = (root - 1) % size
+    for rank, (_, result, sent) in enumerate(runs):
         assert numpy.array_equal(result, data(root, count))
-        end_of_chain = rank == (root - 1) % size
-        assert sent == (0 if end_of_chain or size == 1 else count * ITEM)
+        assert sent == (0 if rank == end else count * ITEM)
+        assert all(r["bytes"] <= 3 * ITEM for r in records[rank])
+        if rank not in (root, end):
+            assert_forwards_what_arrived(records[rank])
 
 
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("count", [0, 7, 100])
 def test_naive_ring_passes_whole_buffers(size, count):
-    runs = recorded(lambda comm: naive.all_reduce(comm, data(comm.rank, count), "naive_ring"),
-                    size)
+    runs = traced_run(lambda comm: comm.all_reduce(data(comm.rank, count),
+                                                   algorithm="naive_ring"), size)
     total = sum(data(r, count) for r in range(size))
     for rank, (records, result, sent) in enumerate(runs):
-        # Step s sends box s % 2 and receives into the other; the boxes are one array.
-        steps = [(r["step"], r["send"], r["recv"], r["dst"], r["src"]) for r in records]
-        assert steps == [(s, ((s % 2) * count, count), (((s + 1) % 2) * count, count),
-                          (rank + 1) % size, (rank - 1) % size)
-                         for s in range(size - 1)] if count else steps == []
+        assert len(records) == (size - 1 if count else 0)
+        assert all(r["dst"] == (rank + 1) % size and r["src"] == (rank - 1) % size
+                   and r["send"][1] == r["recv"][1] == count for r in records)
+        assert_forwards_what_arrived(records)
         assert numpy.array_equal(result, total)
         assert sent == (size - 1) * count * ITEM
 
@@ -179,9 +194,9 @@ def test_naive_ring_passes_whole_buffers(size, count):
 @pytest.mark.parametrize("op", ["sum", "max", "avg"])
 def test_reduce_broadcast_goes_through_the_root(size, op):
     count = 13
-    runs = recorded(lambda comm: naive.all_reduce(comm, data(comm.rank, count),
-                                                  "reduce_broadcast", op), size,
-                    segment_bytes=5 * ITEM)
+    runs = traced_run(lambda comm: comm.all_reduce(data(comm.rank, count), op=op,
+                                                   algorithm="reduce_broadcast"), size,
+                      segment_bytes=5 * ITEM)
     stack = numpy.stack([data(r, count) for r in range(size)])
     expected = {"sum": stack.sum(0), "max": stack.max(0), "avg": stack.mean(0)}[op]
     for rank, (records, result, sent) in enumerate(runs):
@@ -194,3 +209,68 @@ def test_reduce_broadcast_goes_through_the_root(size, op):
         else:
             assert sent == count * ITEM
             assert peers == {0}
+
+
+# ---- the table in all_reduce.py ------------------------------------------------------------
+
+def docstring_table() -> list[tuple[str, int, list[str]]]:
+    """The rows of the 4-rank table in all_reduce.py: (phase, step, ["sent/received", ...])."""
+    rows = re.findall(r"^\s+(reduce-scatter|all-gather)\s+(\d)\s+((?:\d/\d\s+){3}\d/\d)\s*$",
+                      all_reduce.__doc__, re.MULTILINE)
+    return [(phase, int(step), cells.split()) for phase, step, cells in rows]
+
+
+def test_the_table_has_every_step_of_both_passes():
+    assert [(phase, step) for phase, step, _ in docstring_table()] == \
+        [("reduce-scatter", s) for s in range(3)] + [("all-gather", s) for s in range(3)]
+
+
+def test_the_table_matches_what_the_code_runs():
+    """Run all-reduce on 4 thread ranks; turn each traced transfer into chunk numbers."""
+    count = 40
+    runs = traced_run(lambda comm: comm.all_reduce(data(comm.rank, count)), 4)
+    chunk_at = {lo: chunk for chunk, (lo, _) in enumerate(chunk_bounds(count, 4))}
+    ran = {(r["phase"], r["step"], r["rank"]):
+           f"{chunk_at[r['send'][0]]}/{chunk_at[r['recv'][0]]}"
+           for records, _, _ in runs for r in records}
+    for phase, step, cells in docstring_table():
+        assert [ran[(phase, step, rank)] for rank in range(4)] == cells, f"{phase} step {step}"
+
+
+# ---- bytes on real MPI ranks too --------------------------------------------------------------
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 6])
+def test_all_reduce_moves_2_n_minus_1_over_n_of_the_message(run, size):
+    count = 10_007  # a prime: chunks are uneven
+    results = run("all_reduce_case", size, "ring", count=count, dtype="float64", op="sum",
+                  layout="flat", in_place=False)
+    message = count * ITEM
+    bound = 2 * (size - 1) / size * message
+    for rank, result in enumerate(results):
+        stats = result["stats"]
+        # Each rank skips two chunks of its own, and chunks differ from S/N by under one element.
+        assert abs(stats["bytes_sent"] - bound) < 2 * ITEM, f"rank {rank} sent {stats}"
+        assert abs(stats["bytes_received"] - bound) < 2 * ITEM, f"rank {rank} received {stats}"
+    assert sum(r["stats"]["bytes_sent"] for r in results) == 2 * (size - 1) * message
+
+
+@pytest.mark.parametrize("size", [1, 2, 4, 6])
+def test_all_gather_moves_n_minus_1_over_n_of_the_output(run, size):
+    count = 1009
+    results = run("all_gather_case", size, "ring", count=count, dtype="int32", layout="flat",
+                  given=False)
+    for result in results:
+        assert result["stats"]["bytes_sent"] == (size - 1) * count * 4
+        assert result["stats"]["bytes_received"] == (size - 1) * count * 4
+
+
+@pytest.mark.parametrize("size, root", [(1, 0), (2, 1), (5, 3), (6, 0)])
+def test_broadcast_reaches_each_rank_exactly_once(run, size, root):
+    count = 50_000  # many segments
+    results = run("broadcast_case", size, "ring", count=count, dtype="float32", layout="flat",
+                  root=root)
+    last = (root - 1) % size
+    for rank, result in enumerate(results):
+        stats = result["stats"]
+        assert stats["bytes_received"] == (0 if rank == root else count * 4), rank
+        assert stats["bytes_sent"] == (0 if rank == last or size == 1 else count * 4), rank
