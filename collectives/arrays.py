@@ -44,5 +44,5 @@ def flat_work(buf: Any, xp: ModuleType) -> tuple[Any, bool]:
     Returns (work, copied): when copied, the result must be written back into `buf`.
     """
     if buf.flags.c_contiguous:
-        return buf.reshape(-1), False
+        return (buf if buf.ndim == 1 else buf.reshape(-1)), False
     return xp.ascontiguousarray(buf).reshape(-1), True

@@ -14,6 +14,7 @@ a later call could take for its own, so the communicator then refuses every late
 from __future__ import annotations
 
 import functools
+import math
 import os
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
@@ -21,7 +22,8 @@ from typing import Any, Callable, Iterator
 import numpy
 
 from transports.base import Stats, Transport
-from transports.errors import CallsDiffer, CollectiveError, InvalidArgumentError, MismatchError
+from transports.errors import (CallsDiffer, CollectiveError, InvalidArgumentError,
+                               InvalidTypeError, MismatchError)
 
 from .all_gather import ring_all_gather
 from .all_reduce import auto_algorithm, one_shot_all_reduce, ring_all_reduce
@@ -83,6 +85,7 @@ class Communicator:
         self._in_flight = False  # a collective has started to exchange messages
         self._broken: str | None = None  # why no more calls can be made, once one failed
         self._ufuncs: dict[tuple[str, Any], Any] = {}  # (op, dtype) -> ufunc, see `_resolve`
+        self._descriptors: dict[tuple, tuple[int, ...]] = {}  # a call's descriptor but its seq
         if trace:
             transport.trace = []
 
@@ -130,6 +133,31 @@ class Communicator:
             yield records
         finally:
             self._transport.trace = outer
+
+    def empty(self, shape: int | tuple[int, ...], dtype: Any = numpy.float64) -> Any:
+        """A new array that peers read in place (registered memory, as MPI_Win_allocate_shared
+        and ncclMemAlloc give): a collective sending from it moves no staging copy. Any array
+        works in every collective; these are faster on the shm transport, and ordinary
+        arrays elsewhere. Collective: every rank asks for the same shape and dtype. The memory
+        lasts until the communicator is closed and the array is dropped."""
+        xp = self._transport.xp
+        dtype = xp.dtype(dtype)
+        if dtype.kind not in "biufc":
+            raise InvalidTypeError(f"dtype {dtype} is not numeric; collectives move numbers "
+                                   f"and bools")
+        shape = (shape,) if isinstance(shape, (int, numpy.integer)) else tuple(shape)
+        if any(not isinstance(n, (int, numpy.integer)) or n < 0 for n in shape):
+            raise InvalidArgumentError(f"shape {shape} must be whole numbers >= 0")
+        if self._transport.closed:
+            raise InvalidArgumentError("this communicator is closed")
+        nbytes = math.prod(shape) * dtype.itemsize
+        return self._transport.register(nbytes).view(dtype).reshape(shape)
+
+    def zeros(self, shape: int | tuple[int, ...], dtype: Any = numpy.float64) -> Any:
+        """`empty`, filled with zeros."""
+        array = self.empty(shape, dtype)
+        array[...] = 0
+        return array
 
     def on_transfer(self, callback: Callable[[dict], None] | None) -> None:
         """Test hook: call `callback(record)` at each transfer this rank makes (the record a
@@ -302,7 +330,12 @@ class Communicator:
         if not self._checking or transport.size == 1:
             transport.begin(f"{collective} #{self._calls}")
             return
-        call = descriptor(self._calls, _CALL_CODES[collective], count, dtype, op, root)
+        key = (collective, count, dtype, op, root)
+        rest = self._descriptors.get(key)
+        if rest is None:  # the same call again costs a lookup, not a description
+            rest = self._descriptors[key] = descriptor(0, _CALL_CODES[collective], count, dtype,
+                                                       op, root)[1:]
+        call = (self._calls, *rest)
         transport.begin(f"{collective} #{self._calls}", call)
         if not folded:
             agree(transport)

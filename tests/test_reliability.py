@@ -178,7 +178,8 @@ def test_a_rank_that_does_not_come_is_named_by_the_timeout(tmp_path, transport, 
     for rank, message in raised.items():
         peer = "a message from rank 1" if transport == "mpi" else "one-shot inputs from rank 1"
         assert re.fullmatch(f"CollectiveTimeoutError: rank {rank} waited {TIMEOUT} s for {peer} "
-                            f"during all_reduce #2 \\(one-shot step 0\\) on the {transport} transport",
+                            f"during all_reduce #2 \\(one-shot step 0\\) on the {transport} "
+                            f"transport",
                             message), message
 
 

@@ -11,7 +11,7 @@ Each rank's host region holds
                 consumed   one line per peer: segments this rank has taken from that peer
                 slot j     one line per slot: which segment slot j holds (dst, seq), the
                            message's size, and where the message lies when it is not in
-                           the slot (see "Direct reads")
+                           the slot: an address, or a registered region and offset
                 call a     one line per one-shot area: the call descriptor and the size of
                            the input published there
 
@@ -36,6 +36,11 @@ the receiver copies the whole message from there into place in one system call (
 reduce it, a slot's worth at a time into scratch that stays in cache) and counts it consumed,
 and the sender returns only then, since its buffer is being read. One copy instead of two.
 
+Registered memory. `register` hands out memory in a region of its own that every peer maps,
+as MPI_Win_allocate_shared does. A message sent from there takes one slot line naming the
+region and the offset, and the receiver copies, or reduces, straight out of the sender's
+memory: no copy at all besides the one the collective is for.
+
 A small all-reduce instead publishes its whole input in a one-shot area (`_all_inputs`), with
 its call descriptor beside it, and every rank reads every other's: one publish and one wait
 both check the call and move its data. Memory per rank, whatever the message: SLOTS * segment_bytes
@@ -51,6 +56,7 @@ where the CPU polls them.
 from __future__ import annotations
 
 import os
+import struct
 from typing import Any, Protocol
 
 import numpy
@@ -66,6 +72,7 @@ LINE = 64  # bytes: a cache line, one counter each
 PAGE = 4096
 SLOTS = 4  # a sender fills some slots while its receiver empties others
 WORDS = LINE // 8  # 8-byte words per line
+CALL_LINE = struct.Struct(f"{CALL_WORDS + 1}Q")  # a call line: the descriptor, the input's size
 # Messages of at least this size go by direct reads where the memory kind allows: below it, a
 # copy through a slot costs less than the system call.
 DIRECT_BYTES = 16 << 10
@@ -146,6 +153,7 @@ class SlotTransport(Transport):
         # (Indexing a memoryview is several times cheaper than indexing an array.)
         self._ctl = [memoryview(r[:control]).cast("Q") for r in regions]
         self._own = self._ctl[self.rank]
+        self._ctl_bytes = [memoryview(r[:control]) for r in regions]  # for struct's pack/unpack
         self._data = self.memory.share(self.comm, regions, control, data)
         self._slots = [[d[j * self.slot_bytes:(j + 1) * self.slot_bytes] for j in range(SLOTS)]
                        for d in self._data]
@@ -156,8 +164,10 @@ class SlotTransport(Transport):
         self._pids = pids if all(_alive(p) for p in pids) else None
         # Messages from DIRECT_BYTES up are read straight out of the sender's buffer, where
         # the memory kind can: one copy instead of two, through no slot.
-        self._direct = self.memory.can_read(self.comm, pids, self._pids is not None)
-        self._scratch = numpy.empty(self.slot_bytes, numpy.uint8) if self._direct else None
+        self.single_copy = self.memory.can_read(self.comm, pids, self._pids is not None)
+        self._scratch = numpy.empty(self.slot_bytes, numpy.uint8) if self.single_copy else None
+        self._registered: list[list[Any]] = []  # per registered region: every rank's mapping
+        self._registered_at: list[tuple[int, int]] = []  # per region: our mapping's [lo, hi)
         self._sent = [0] * size  # segments sent to each rank
         self._taken = [0] * size  # segments taken from each rank (mirrors our consumed lines)
         self._occupant: list[tuple[int, int] | None] = [None] * SLOTS  # (dst, seq) per slot
@@ -198,7 +208,9 @@ class SlotTransport(Transport):
         slot = self.slot_bytes
         out = sendbuf.view(numpy.uint8) if sendbuf is not None else None
         into = recvbuf.view(numpy.uint8) if recvbuf is not None else None
-        direct = out is not None and self._direct and out.size >= DIRECT_BYTES
+        region = self._region_of(out) if out is not None and self._registered else None
+        direct = out is not None and (region is not None
+                                      or self.single_copy and out.size >= DIRECT_BYTES)
         n_out = 0 if out is None else 1 if direct else -(-out.size // slot)
         n_in = 0 if into is None else -(-into.size // slot)
         k_out = k_in = 0
@@ -206,7 +218,8 @@ class SlotTransport(Transport):
         while True:
             while k_out < n_out and self._slot_free():
                 if direct:
-                    read_by = self._publish_address(out, dst)
+                    read_by = self._announce(dst, out.size, *region) if region else \
+                        self._announce(dst, out.size, address=out.ctypes.data)
                 else:
                     self._publish(out[k_out * slot:(k_out + 1) * slot], dst, out.size)
                 k_out += 1
@@ -216,9 +229,17 @@ class SlotTransport(Transport):
                     break
                 if k_in == 0:
                     self._check_size(src, j, into.size)
-                    address = self._ctl[src][self._slot_words[j] + 2]
-                    if address:
+                    line = self._slot_words[j]
+                    address, region, offset = self._ctl[src][line + 2:line + 5]
+                    if region:
+                        mapped = self._registered[region - 1][src][offset:offset + into.size]
+                        if op is None:
+                            into[...] = mapped
+                        else:
+                            op(inbuf, mapped.view(recvbuf.dtype), out=recvbuf)
+                    elif address:
                         self._read(src, address, into, recvbuf.dtype, op, inbuf)
+                    if region or address:
                         self._consumed(src)
                         k_in = n_in
                         break
@@ -246,15 +267,20 @@ class SlotTransport(Transport):
         """Take the message at `address` in `src`'s memory: copy it into `into` in one go, or
         reduce it a slot's worth at a time through scratch that stays in cache."""
         pid = self._pids[src]
-        if op is None:
-            self.memory.read(pid, address, into)
-            return
-        step, mine = self.slot_bytes, inbuf.view(numpy.uint8)
-        for lo in range(0, into.size, step):
-            hi = min(lo + step, into.size)
-            landed = self._scratch[:hi - lo]
-            self.memory.read(pid, address + lo, landed)
-            op(mine[lo:hi].view(dtype), landed.view(dtype), out=into[lo:hi].view(dtype))
+        try:
+            if op is None:
+                self.memory.read(pid, address, into)
+                return
+            step, mine = self.slot_bytes, inbuf.view(numpy.uint8)
+            for lo in range(0, into.size, step):
+                hi = min(lo + step, into.size)
+                landed = self._scratch[:hi - lo]
+                self.memory.read(pid, address + lo, landed)
+                op(mine[lo:hi].view(dtype), landed.view(dtype), out=into[lo:hi].view(dtype))
+        except OSError as error:  # the peer died while we read, or the kernel changed its mind
+            self._check_peer(src)
+            raise CollectiveError(f"rank {self.rank} could not read rank {src}'s message"
+                                  + (f" during {self.where}" if self.where else "")) from error
 
     def _consumed(self, src: int) -> None:
         """Count one more segment (or direct message) taken from `src`, for it to see."""
@@ -273,21 +299,20 @@ class SlotTransport(Transport):
     def _publish(self, piece: Any, dst: int, nbytes: int) -> None:
         """Copy `piece` (of a message of `nbytes`) into the next slot, then say what it holds."""
         self.memory.copy(self._slots[self.rank][self._next_slot][:piece.size], piece)
-        self._announce(dst, nbytes, 0)
+        self._announce(dst, nbytes)
 
-    def _publish_address(self, message: Any, dst: int) -> tuple[int, int]:
-        """Say where `message` lies, for `dst` to read it there; its (dst, seq)."""
-        return self._announce(dst, message.size, message.ctypes.data)
-
-    def _announce(self, dst: int, nbytes: int, address: int) -> tuple[int, int]:
-        """Fill the next slot's line: what it holds for `dst`, of a message of `nbytes`, which
-        lies at `address` (0: in the slot). Returns (dst, seq)."""
+    def _announce(self, dst: int, nbytes: int, region: int = 0, offset: int = 0,
+                  address: int = 0) -> tuple[int, int]:
+        """Fill the next slot's line: what it holds for `dst`, of a message of `nbytes`, and
+        where the message lies: in registered `region` (numbered from 1) at `offset`, at
+        `address` in this process, or (neither) in the slot. Returns (dst, seq)."""
         j = self._next_slot
         seq = self._sent[dst]
         word = self._slot_words[j]
-        self._own[word + 1] = nbytes
-        self._own[word + 2] = address
-        self._own[word] = (dst + 1) << 48 | seq  # last: the segment is now visible
+        own = self._own
+        own[word + 1], own[word + 2], own[word + 3], own[word + 4] = nbytes, address, region, \
+            offset
+        own[word] = (dst + 1) << 48 | seq  # last: the segment is now visible
         self._occupant[j] = (dst, seq)
         self._sent[dst] = seq + 1
         self._next_slot = (j + 1) % SLOTS
@@ -351,25 +376,48 @@ class SlotTransport(Transport):
             self._areas[area] = ((nbytes, buf.dtype), inputs)
         if nbytes:
             self.memory.copy(inputs[self.rank], buf)
-        own, word = self._own, self._call_words[area]
-        if call is not None:
-            for i, value in enumerate(call):
-                own[word + i] = value
-        own[word + CALL_WORDS] = nbytes
-        own[PUBLISHED * WORDS] = turn  # last: the area and its line are now visible
+        line = (*(call or (0,) * CALL_WORDS), nbytes)  # what the call line of our area says
+        offset = self._call_words[area] * 8
+        CALL_LINE.pack_into(self._ctl_bytes[self.rank], offset, *line)
+        self._own[PUBLISHED * WORDS] = turn  # last: the area and its line are now visible
         if not self._everyone(PUBLISHED, turn):
             self.wait(lambda: self._everyone(PUBLISHED, turn), None, "one-shot inputs",
                       late=lambda: self._behind(PUBLISHED, turn))
+        lines = [CALL_LINE.unpack_from(ctl, offset) for ctl in self._ctl_bytes]
+        if lines.count(line) == self.size:
+            return inputs
         if call is not None:
-            calls = [tuple(ctl[word:word + CALL_WORDS]) for ctl in self._ctl]
+            calls = [theirs[:CALL_WORDS] for theirs in lines]
             if calls.count(call) != self.size:
                 raise CallsDiffer(calls)
-        for r, ctl in enumerate(self._ctl):
-            if ctl[word + CALL_WORDS] != nbytes:
-                raise MismatchError(f"rank {self.rank} all-reduces {nbytes} bytes but rank {r} "
-                                    f"{ctl[word + CALL_WORDS]}"
-                                    + (f" during {self.where}" if self.where else ""))
-        return inputs
+        r, theirs = next((r, theirs) for r, theirs in enumerate(lines) if theirs != line)
+        raise MismatchError(f"rank {self.rank} all-reduces {nbytes} bytes but rank {r} "
+                            f"{theirs[CALL_WORDS]}"
+                            + (f" during {self.where}" if self.where else ""))
+
+    def register(self, nbytes: int) -> Any:
+        """`nbytes` in a new region that every peer maps (see "Registered memory"), rounded up
+        to whole pages; in host memory only (elsewhere an ordinary allocation). Collective:
+        every rank asks for the same size, and the region lives until `close`."""
+        if not self.memory.in_host_region:
+            return super().register(nbytes)
+        sizes = self.comm.allgather(nbytes)
+        if len(set(sizes)) > 1:
+            raise InvalidArgumentError(f"rank {self.rank}: every rank must register the same "
+                                       f"size; got, by rank: {sizes}")
+        regions = share_regions(self.comm, max(PAGE, -(-nbytes // PAGE) * PAGE))
+        own = regions[self.rank]
+        self._registered.append(regions)
+        self._registered_at.append((own.ctypes.data, own.ctypes.data + own.size))
+        return own[:nbytes]
+
+    def _region_of(self, buf: Any) -> tuple[int, int] | None:
+        """(region, offset) of `buf` if it lies in registered memory (regions from 1)."""
+        start = buf.ctypes.data
+        for region, (lo, hi) in enumerate(self._registered_at, start=1):
+            if lo <= start and start + buf.size <= hi:
+                return region, start - lo
+        return None
 
     def _check_peer(self, peer: int | None) -> None:
         if self._pids is None:
@@ -383,6 +431,7 @@ class SlotTransport(Transport):
         if not self.closed:
             # Drop our views; each mapping goes when its last view does (or at exit).
             self._ctl, self._own, self._data, self._slots, self._areas = [], None, [], [], []
+            self._registered, self._registered_at, self._ctl_bytes = [], [], []
             if not MPI.Is_finalized():
                 self.comm.Free()
         super().close()
