@@ -145,8 +145,9 @@ class Communicator:
         if dtype.kind not in "biufc":
             raise InvalidTypeError(f"dtype {dtype} is not numeric; collectives move numbers "
                                    f"and bools")
-        shape = (shape,) if isinstance(shape, (int, numpy.integer)) else tuple(shape)
-        if any(not isinstance(n, (int, numpy.integer)) or n < 0 for n in shape):
+        shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+        if any(not isinstance(n, (int, numpy.integer)) or isinstance(n, bool) or n < 0
+               for n in shape):
             raise InvalidArgumentError(f"shape {shape} must be whole numbers >= 0")
         if self._transport.closed:
             raise InvalidArgumentError("this communicator is closed")

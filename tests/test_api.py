@@ -150,3 +150,24 @@ def test_ranks_that_would_cut_messages_differently_are_refused_on_every_rank(tra
     assert out.count("refused:") == 2, out
     assert out.count("segment_bytes and one_shot_bytes must be the same on every rank; got, by "
                      "rank: 0: 4096,") == 2, out
+
+
+def test_empty_and_zeros_give_arrays_every_collective_takes():
+    def body(comm):
+        zeros = comm.zeros((2, 3), "int16")
+        assert zeros.shape == (2, 3) and zeros.dtype == numpy.int16 and not zeros.any()
+        mine = comm.empty(4)
+        mine[...] = numpy.arange(4.0) + comm.rank
+        return comm.all_reduce(mine, mine).tolist()
+
+    assert collectives.spawn(body, 3) == [[3.0, 6.0, 9.0, 12.0]] * 3
+
+
+@pytest.mark.parametrize("shape, dtype, error, message", [
+    ((2, -1), "float32", collectives.InvalidArgumentError, "whole numbers >= 0"),
+    (2.5, "float32", collectives.InvalidArgumentError, "whole numbers >= 0"),
+    (3, "U4", collectives.InvalidTypeError, "not numeric"),
+])
+def test_empty_refuses_what_no_collective_could_move(shape, dtype, error, message):
+    with pytest.raises(error, match=message):
+        collectives.spawn(lambda comm: comm.empty(shape, dtype), 1)

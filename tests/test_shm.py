@@ -94,6 +94,50 @@ def collectives_scenario(segment_bytes: str, one_shot_bytes: str, single_copy: s
     print("collectives ok", flush=True)
 
 
+def registered_scenario() -> None:
+    """Every collective from and into registered memory (comm.empty), whose messages peers
+    read in place; and the errors of registering."""
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    comm = collectives.init("shm", segment_bytes=4096, timeout=30)
+    rank, size = comm.rank, comm.size
+    for count in (1, 97, 30011):
+        expected = cases.reduce_reference("sum", [cases.values(r, count, "float64")
+                                                  for r in range(size)])
+        mine = comm.empty(count)
+        assert mine.shape == (count,) and mine.dtype == numpy.float64
+        mine[...] = cases.values(rank, count, "float64")
+        result = comm.zeros(count)
+        assert comm.all_reduce(mine, result) is result
+        cases.assert_matches(result, expected, "float64")
+        assert comm.all_reduce(mine, mine) is mine  # in place: every step reads registered memory
+        cases.assert_matches(mine, expected, "float64")
+        gathered = comm.empty((size, count), "int32")
+        comm.all_gather(numpy.full(count, rank, "int32"), gathered)
+        assert (gathered == numpy.arange(size)[:, None]).all()
+        blocks = comm.empty((size, count), "float32")
+        blocks[...] = rank + 1
+        block = comm.reduce_scatter(blocks, comm.empty(count, "float32"))
+        assert (block == size * (size + 1) / 2).all()
+        shared = comm.zeros((2, count), "uint8")
+        if rank == size - 1:
+            shared[...] = 7
+        comm.broadcast(shared, root=size - 1)
+        assert (shared == 7).all()
+    # Every rank must ask for the same: else every rank says so, and the communicator works on.
+    try:
+        comm.empty(10 + rank)
+    except collectives.InvalidArgumentError as error:
+        assert "every rank must register the same size" in str(error), error
+    else:
+        raise AssertionError("ranks registered different sizes unnoticed")
+    assert comm.all_reduce(numpy.ones(3)).tolist() == [size] * 3
+    world.barrier()
+    comm.close()
+    print("registered ok", flush=True)
+
+
 def failure_scenario(how: str) -> None:
     """Rank 1 raises, or kills itself, in the middle of a long all-reduce."""
     comm = collectives.init("shm", segment_bytes=4096, timeout=3)
@@ -230,8 +274,15 @@ def test_errors_come_before_any_region_and_regions_are_0600():
     assert_gone(regions_of(job.stdout))
 
 
+def test_registered_memory_is_read_in_place_and_freed():
+    job = mpiexec(3, __file__, "registered", timeout=60)
+    assert job.stdout.count("registered ok") == 3
+    assert len(regions_of(job.stdout)) > 3 * 3  # the transport's own, then one per empty()
+    assert_gone(regions_of(job.stdout))
+
+
 SCENARIOS = {"collectives": collectives_scenario, "failure": failure_scenario,
-             "errors": errors_scenario}
+             "errors": errors_scenario, "registered": registered_scenario}
 
 if __name__ == "__main__":
     record_regions()

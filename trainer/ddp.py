@@ -105,9 +105,16 @@ class DistributedDataParallel(Module):
         self._thread: threading.Thread | None = None
         if comm.size == 1:  # nothing to average: the wrapper stays out of the way
             return
-        if self.buckets and self.buckets[0].params[0].xp is not numpy and comm.device == "cpu":
-            for bucket in self.buckets:  # stage device gradients through host memory
-                bucket.host = numpy.empty(bucket.flat.shape, bucket.flat.dtype)
+        # Each bucket's buffer in registered memory, so that peers reduce straight out of it
+        # (see Communicator.empty); device gradients are staged through host memory when the
+        # communicator moves host arrays.
+        staged = bool(self.buckets) and self.buckets[0].params[0].xp is not numpy \
+            and comm.device == "cpu"
+        for bucket in self.buckets:
+            if staged:
+                bucket.host = comm.empty(bucket.flat.shape, bucket.flat.dtype)
+            else:
+                bucket.flat = comm.empty(bucket.flat.shape, bucket.flat.dtype)
         self._broadcast_parameters()
         for bucket in self.buckets:
             for param in bucket.params:
