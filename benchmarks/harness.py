@@ -13,6 +13,14 @@ device, a clock that waits for it) and --compare copy times a plain device copy 
 the host, --compare memory times the least memory work of the call on every rank at once (the
 memory bound: peers.MemoryPeer), so the table shows how close ringcc comes to the machine.
 
+With --registered 1, ringcc's send and receive buffers are registered memory from its
+`comm.empty` (on the shm transport, regions every peer maps and reads in place, with no staging
+copy), filled from the same host buffers; the peers keep ordinary ones. Each ringcc transport
+registers one buffer per role, of the largest size measured, up front (comm.empty is
+collective) and measures every size in a view at its front; on shm each rank also maps its
+peers' buffers, so it maps ranks times the largest send and receive sizes. With --device cuda
+the cuda_ipc transport's comm.empty gives ordinary CuPy arrays: allowed, and no faster.
+
 The pieces, one job each:
 
     options.py  the Collective, nccl-tests' options, the sizes and (dtype, op) cases
@@ -34,8 +42,8 @@ import sys
 import numpy
 
 from .measure import measure_size
-from .options import Collective, cases, counts, parse_args
-from .peers import open_impls
+from .options import Collective, buffer_bytes, cases, counts, parse_args
+from .peers import open_impls, register
 from .report import format_row, header, summary, versions, write_csv, write_json
 
 
@@ -62,12 +70,15 @@ def main(collective: Collective, argv: list[str] | None = None) -> int:
         except LookupError as error:
             say(f"benchmarks: {error}", file=sys.stderr)
             return 2
+        if args.registered:
+            register(impls, buffer_bytes(collective, pairs, args.sizes, ranks))
         ranks_at = world.gather((os.getpid(), MPI.Get_processor_name()), root=0)
         meta = {"collective": collective.name, "ranks": ranks,
                 "host": ",".join(sorted({host for _, host in ranks_at or []})),
                 "versions": versions(impls), "dtype": args.datatype,
                 "op": args.op if collective.reduces else "none", "root": root,
                 "iters": args.iters, "warmup": args.warmup_iters, "check": bool(args.check),
+                "registered": bool(args.registered),
                 "impls": [impl.name for impl in impls],
                 "command": f"mpiexec -n {ranks} python -m benchmarks.{collective.name} "
                            + shlex.join(argv)}

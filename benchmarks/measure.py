@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy
 
@@ -118,6 +118,23 @@ def reduce_scalar(world: MPI.Comm, value: float, op: MPI.Op) -> float:
     return float(out[0])
 
 
+def place(impl: Impl, send: numpy.ndarray, recv: numpy.ndarray,
+          own: numpy.ndarray) -> tuple[Any, Any, Any]:
+    """The harness's host buffers as the arrays `impl` moves: copies at the front of its
+    registered buffers (--registered 1), else `device.mirror`'s. A collective that works in
+    place (recv is send) still does."""
+    if impl.registered is None:
+        return device.mirror(impl.xp, send, recv, own)
+
+    def fill(role: str, host: numpy.ndarray) -> Any:
+        out = impl.registered[role][:host.nbytes].view(host.dtype).reshape(host.shape)
+        out[...] = impl.xp.asarray(host)
+        return out
+
+    on_send = fill("send", send)
+    return on_send, on_send if recv is send else fill("recv", recv), impl.xp.asarray(own)
+
+
 def measure(impl: Impl, collective: Collective, send: numpy.ndarray, recv: numpy.ndarray,
             own: numpy.ndarray, expected: numpy.ndarray | None, op: str, root: int,
             args: argparse.Namespace, world: MPI.Comm) -> tuple[float, int | None]:
@@ -125,7 +142,7 @@ def measure(impl: Impl, collective: Collective, send: numpy.ndarray, recv: numpy
     rank, elements wrong summed over ranks or None when unchecked)."""
     from mpi4py import MPI
 
-    send, recv, own = device.mirror(impl.xp, send, recv, own)
+    send, recv, own = place(impl, send, recv, own)
 
     def call() -> None:
         collective.run(impl.comm, send, recv, op, root)

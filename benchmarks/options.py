@@ -2,12 +2,13 @@
 
 The options keep nccl-tests' spelling (-b/-e/-f for the sizes, -n/-w for the iterations, -o,
 -d, -r, -c), so a command line moves between the two; ringcc adds --transport, --device,
---compare, --json and --csv.
+--registered, --compare, --json and --csv.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -78,6 +79,20 @@ def counts(collective: Collective, nbytes: list[int], itemsize: int, ranks: int)
     return out
 
 
+def buffer_bytes(collective: Collective, pairs: list[tuple[str, str]], nbytes: list[int],
+                 ranks: int) -> dict[str, int]:
+    """The most bytes the "send" and the "recv" buffer take over every (dtype, op) pair and
+    size measured; no "recv" when the call works in place."""
+    most: dict[str, int] = {}
+    for dtype in dict.fromkeys(dtype for dtype, _ in pairs):
+        itemsize = numpy.dtype(dtype).itemsize
+        for count in counts(collective, nbytes, itemsize, ranks):
+            for role, shape in zip(("send", "recv"), collective.shapes(count, ranks)):
+                if shape is not None:
+                    most[role] = max(most.get(role, 0), math.prod(shape) * itemsize)
+    return most
+
+
 def comma_list(choices: tuple[str, ...] | None = None) -> Callable[[str], list[str]]:
     """An argparse type for "a,b,c", each name among `choices` when given."""
     def parse(text: str) -> list[str]:
@@ -91,7 +106,8 @@ def comma_list(choices: tuple[str, ...] | None = None) -> Callable[[str], list[s
 
 
 def parse_args(collective: Collective, argv: list[str] | None = None) -> argparse.Namespace:
-    """nccl-tests' options plus --transport, --compare, --json and --csv."""
+    """nccl-tests' options plus --transport, --device, --registered, --compare, --json and
+    --csv."""
     parser = argparse.ArgumentParser(
         prog=f"mpiexec -n N python -m benchmarks.{collective.name}",
         description=f"Time ringcc's {collective.name} against a reference, nccl-tests style.")
@@ -118,6 +134,10 @@ def parse_args(collective: Collective, argv: list[str] | None = None) -> argpars
     parser.add_argument("--device", choices=collectives.DEVICES,
                         help="where ringcc's buffers live: cpu (NumPy) or cuda (CuPy); "
                              "default cuda when --transport has cuda_ipc, else cpu")
+    parser.add_argument("--registered", type=int, choices=(0, 1), default=0,
+                        help="1: ringcc's buffers come from its comm.empty (registered "
+                             "memory, which peers read in place on the shm transport), "
+                             "filled from the same data; peers keep ordinary buffers (0)")
     parser.add_argument("--compare", type=comma_list(PEERS), default=[],
                         help="peers measured in the same job: mpi (the MPI library's own "
                              "collective), gloo (torch.distributed, when torch is installed), "

@@ -43,6 +43,7 @@ class Impl:
     dtypes: tuple[str, ...] = DTYPES
     xp: ModuleType = numpy  # the arrays it moves: the harness's host buffers, or device copies
     reference: bool = False  # a bound (copy, memory), not the collective: unchecked, busbw = algbw
+    registered: dict[str, Any] | None = None  # --registered 1: flat bytes per role, see `register`
 
 
 class MPIPeer:
@@ -220,6 +221,17 @@ def memory_bounds(rows: list[dict], ringcc: list[str]) -> list[str]:
                          + ", ".join(f"{name} {at[name]['time_us'] / bound['time_us']:.2f}x"
                                      for name in measured))
     return lines
+
+
+def register(impls: list[Impl], nbytes: dict[str, int]) -> None:
+    """Give each ringcc implementation one buffer per role ("send", "recv") of nbytes[role]
+    bytes from its `comm.empty`: registered memory, whose front every size measured is a view
+    of (`measure.place`). Collective: every rank registers the same sizes in the same order.
+    The peers keep ordinary buffers."""
+    for impl in impls:
+        if impl.name.startswith("ringcc:"):
+            impl.registered = {role: impl.comm.empty(size, numpy.uint8)
+                               for role, size in nbytes.items()}
 
 
 def open_impls(args: argparse.Namespace, world: MPI.Comm,

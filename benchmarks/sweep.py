@@ -3,9 +3,9 @@
     python -m benchmarks.sweep [--mpiexec PATH] [--ranks 2,4] [--out bench-results]
 
 Each collective runs as its own MPI job per rank count, measuring ringcc on every transport that
-moves NumPy arrays under mpiexec, the preferred first (shm, then mpi), with --compare mpi,gloo,
-and writes <out>/<collective>-<ranks>.json and .csv; then <out>/<collective>.png plots both rank
-counts.
+moves NumPy arrays under mpiexec, the preferred first (shm, then mpi), with --compare
+mpi,gloo,memory, and writes <out>/<collective>-<ranks>.json and .csv; then
+<out>/<collective>.png plots both rank counts.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from .plot import plot
 
 ROOT = Path(__file__).resolve().parent.parent
 COLLECTIVES = ("all_reduce", "all_gather", "broadcast", "scatter", "reduce_scatter")
-OPTIONS = ["-b", "8", "-e", "16M", "-f", "8", "-n", "10", "-w", "2", "--compare", "mpi,gloo"]
+OPTIONS = ["-b", "8", "-e", "16M", "-f", "8", "-n", "10", "-w", "2",
+           "--compare", "mpi,gloo,memory"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,9 @@ receives segment k from its left, so all hops work at once:
     1->2             s0    s1    s2
 
 Every rank receives the message exactly once; with m segments the last rank has it after
-m + N - 2 segment times instead of m (N - 1).
+m + N - 2 segment times instead of m (N - 1). With two ranks there is one hop and nothing to
+overlap it with, so the message goes whole (the transport still streams it, or the receiver
+reads it in one copy).
 """
 
 from __future__ import annotations
@@ -26,7 +28,11 @@ def ring_broadcast(transport: Transport, work: Any, root: int) -> None:
         return
     position = (rank - root) % size  # 0 at the root, size-1 at the end of the chain
     right, left = (rank + 1) % size, (rank - 1) % size
-    pieces = [work[lo:hi] for lo, hi in segments(work.size, work.itemsize, transport.segment_bytes)]
+    if size == 2:
+        pieces = [work] if work.size else []
+    else:
+        pieces = [work[lo:hi]
+                  for lo, hi in segments(work.size, work.itemsize, transport.segment_bytes)]
     if not pieces:
         return
     if position == 0:

@@ -57,21 +57,23 @@ def test_sizes_step_by_the_factor():
 def test_options_in_nccl_tests_spelling():
     args = options.parse_args(ALL_REDUCE, [
         "-b", "1K", "-e", "1M", "-f", "4", "-n", "7", "-w", "1", "-c", "0", "-o", "max",
-        "-d", "double", "-r", "1", "--transport", "shm,mpi", "--compare", "mpi,gloo",
-        "--json", "out.json", "--csv", "out.csv"])
+        "-d", "double", "-r", "1", "--transport", "shm,mpi", "--registered", "1",
+        "--compare", "mpi,gloo", "--json", "out.json", "--csv", "out.csv"])
     assert args.sizes == [1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20]
     assert (args.iters, args.warmup_iters, args.check, args.op, args.root) == (7, 1, 0, "max", 1)
     assert args.transport == ["shm", "mpi"] and args.compare == ["mpi", "gloo"]
+    assert args.registered == 1
     assert (args.json, args.csv) == ("out.json", "out.csv")
     assert options.cases(ALL_REDUCE, args) == ([("float64", "max")], [])
     defaults = options.parse_args(ALL_REDUCE, [])
     assert (defaults.sizes, defaults.iters, defaults.warmup_iters, defaults.check) == \
         ([32 << 20], 20, 5, 1)
-    assert defaults.transport == ["auto"] and defaults.compare == []
+    assert defaults.transport == ["auto"] and defaults.compare == [] and defaults.registered == 0
 
 
 @pytest.mark.parametrize("argv", [["--compare", "nccl"], ["-f", "1", "-b", "8", "-e", "64"],
                                   ["-n", "0"], ["-d", "bfloat16"], ["-o", "xor"], ["-c", "2"],
+                                  ["--registered", "2"],
                                   ["--compare", "memory", "--device", "cuda"],
                                   ["--transport", "cuda_ipc", "--compare", "mpi,memory"]])
 def test_bad_options_are_refused(argv, capsys):
@@ -97,6 +99,13 @@ def test_counts_are_whole_blocks_per_rank():
         for count in options.counts(collective, [8, 1000], 4, 3):
             send, recv = collective.shapes(count, 3)
             assert numpy.prod(recv if collective is ALL_GATHER else send) == count
+
+
+def test_registered_buffers_fit_the_largest_size_of_any_dtype():
+    # int8's 63 elements (64 B rounded to 3 blocks) outgrow float32's 15.
+    pairs = [("float32", "none"), ("int8", "none")]
+    assert options.buffer_bytes(ALL_GATHER, pairs, [8, 64], 3) == {"send": 21, "recv": 63}
+    assert options.buffer_bytes(BROADCAST, pairs[:1], [8, 64], 3) == {"send": 64}  # in place
 
 
 # ---- bus bandwidth ------------------------------------------------------------------------
@@ -281,6 +290,21 @@ def test_all_reduce_beside_the_memory_bound(tmp_path):
         assert float(fields[9]) > 0 and float(fields[10]) > 0 and fields[11] == "N/A"
     last = result.stdout.splitlines()[-1]
     assert last.startswith("# 65536 B float32 sum: time / memory bound") and f" {main} " in last
+
+
+@pytest.mark.parametrize("name", ["all_reduce", "reduce_scatter", "broadcast"])
+def test_registered_buffers_check_out(name, tmp_path):
+    """ringcc on registered buffers (broadcast: in place), sizes sliced from one registration."""
+    mpiexec(2, "-m", f"benchmarks.{name}", "-b", "1K", "-e", "1M", "-f", "32", "-n", "3",
+            "-w", "1", "--registered", "1", "--transport", "shm,mpi", "--compare", "mpi",
+            "--json", str(tmp_path / "r.json"), timeout=120)
+    results = json.loads((tmp_path / "r.json").read_text())
+    assert results["meta"]["registered"] is True
+    rows = results["rows"]
+    assert [(r["impl"], r["bytes"]) for r in rows] == \
+        [(impl, size) for size in (1 << 10, 1 << 15, 1 << 20)
+         for impl in ("ringcc:shm", "ringcc:mpi", "mpi")]
+    assert all(row["wrong"] == 0 for row in rows)
 
 
 def test_every_collective_dtype_and_op_checks_out_on_three_ranks(tmp_path):

@@ -170,7 +170,9 @@ def test_broadcast_pipelines_segments_down_the_chain(size, count):
     for rank, (_, result, sent) in enumerate(runs):
         assert numpy.array_equal(result, data(root, count))
         assert sent == (0 if rank == end else count * ITEM)
-        assert all(r["bytes"] <= 3 * ITEM for r in records[rank])
+        # Pipelined in segments down a chain; with two ranks, one hop, the message goes whole.
+        piece = 3 * ITEM if size > 2 else count * ITEM
+        assert all(r["bytes"] <= piece for r in records[rank])
         if rank not in (root, end):
             assert_forwards_what_arrived(records[rank])
 
