@@ -26,8 +26,10 @@ import cases
 import collectives
 from launch import mpiexec
 
-COUNTS = (0, 1, 2, 7, 97, 1009, 30011)  # empty, below the rank count, primes; the last one's
-# chunks are large enough to be read straight out of the sender's buffer
+COUNTS = (0, 1, 2, 7, 97, 1009)  # empty, below the rank count, primes
+# Each rank's chunk of the ring just over 1 MiB of float64: reduced straight out of the
+# sender's buffer where single copy is on.
+DIRECT = 3 * (1 << 17) + 5
 ALL_REDUCE = (("int32", "sum"), ("int32", "prod"), ("uint8", "min"), ("bool", "max"),
               ("float16", "sum"), ("float64", "avg"), ("complex64", "prod"))
 
@@ -66,9 +68,12 @@ def collectives_scenario(segment_bytes: str, one_shot_bytes: str, single_copy: s
     comm = collectives.init("auto", segment_bytes=int(segment_bytes),
                             one_shot_bytes=int(one_shot_bytes), timeout=30)
     assert comm.transport == "shm", comm.transport
-    # White box: messages of 16 KiB and more are read straight out of the sender's buffer
-    # where the kernel allows it (it does for one user's processes here), else go by slots.
+    # White box: large messages in reduction steps are read straight out of the sender's
+    # buffer where the kernel allows it (it does for one user's processes here), else slots.
     assert comm._transport.single_copy == (single_copy == "1")
+    for op in ("sum", "max"):
+        check_everywhere(comm, world, "all_reduce_case", cases.check_all_reduce, count=DIRECT,
+                         dtype="float64", op=op, layout="flat", in_place=op == "max")
     # Every region was unlinked once mapped: in use, yet not in /dev/shm.
     maps = open("/proc/self/maps").read()
     mapped = re.findall(r"/dev/shm/(ringcc-\w+) \(deleted\)", maps)
@@ -102,7 +107,7 @@ def registered_scenario() -> None:
     world = MPI.COMM_WORLD
     comm = collectives.init("shm", segment_bytes=4096, timeout=30)
     rank, size = comm.rank, comm.size
-    for count in (1, 97, 30011):
+    for count in (1, 97, DIRECT):
         expected = cases.reduce_reference("sum", [cases.values(r, count, "float64")
                                                   for r in range(size)])
         mine = comm.empty(count)
