@@ -30,15 +30,15 @@ nothing is reset between collectives. Publishing relies on one rank's stores bec
 visible to the others in program order, as on x86-64.
 
 Direct reads. Where the memory kind can copy straight out of a peer's ordinary memory (host
-memory, through the kernel's cross-memory attach), a message of DIRECT_BYTES or more sent in a
-reduction step takes one slot line and no slot data: the sender writes the address of its own
-buffer in the line, the receiver reduces it from there a slot's worth at a time, through
-scratch that stays in cache, and counts it consumed, and the sender returns only then, since
-its buffer is being read. The sender's copy is saved. A message that the receiver only copies
-stays in the slots: there sender and receiver each copy at once, on two cores, which measured
-as fast as one core reading it directly, and faster below a few MiB. (The receiver takes a
-direct message however it was sent, so the choice is the sender's alone. In the collectives
-here, a rank that reduces what it receives sends what its neighbour reduces.)
+memory, through the kernel's cross-memory attach), a message of DIRECT_BYTES or more that a
+rank sends while it receives one (a ring step) takes one slot line and no slot data: the
+sender writes the address of its own buffer in the line, the receiver copies it from there
+into place in one system call (or, to reduce it, a slot's worth at a time through scratch that
+stays in cache) and counts it consumed, and the sender returns only then, since its buffer is
+being read. Every rank of a ring then makes one copy a step instead of two. A message sent
+one way only (a broadcast's chain) stays in the slots: there sender and receiver copy at
+once, on two cores, which measured faster than one core reading it all. (The receiver takes
+a direct message however it was sent, so the choice is the sender's alone.)
 
 Registered memory. `register` hands out memory in a region of its own that every peer maps,
 as MPI_Win_allocate_shared does. A message sent from there takes one slot line naming the
@@ -77,8 +77,8 @@ PAGE = 4096
 SLOTS = 4  # a sender fills some slots while its receiver empties others
 WORDS = LINE // 8  # 8-byte words per line
 CALL_LINE = struct.Struct(f"{CALL_WORDS + 1}Q")  # a call line: the descriptor, the input's size
-# Messages of at least this size, sent in a reduction step, go by direct reads where the memory
-# kind allows (see "Direct reads"): below it, measured, a copy through the slots costs less.
+# Messages of at least this size, sent while receiving, go by direct reads where the memory kind
+# allows (see "Direct reads"): below it, measured, a copy through the slots costs less.
 DIRECT_BYTES = 1 << 20
 # Control lines: two counters, then one per peer (consumed), then one per slot.
 BARRIER, PUBLISHED, CONSUMED = 0, 1, 2
@@ -213,8 +213,8 @@ class SlotTransport(Transport):
         out = sendbuf.view(numpy.uint8) if sendbuf is not None else None
         into = recvbuf.view(numpy.uint8) if recvbuf is not None else None
         region = self._region_of(out) if out is not None and self._registered else None
-        direct = out is not None and (region is not None or self.single_copy and op is not None
-                                      and out.size >= DIRECT_BYTES)
+        direct = out is not None and (region is not None or self.single_copy
+                                      and into is not None and out.size >= DIRECT_BYTES)
         n_out = 0 if out is None else 1 if direct else -(-out.size // slot)
         n_in = 0 if into is None else -(-into.size // slot)
         k_out = k_in = 0
