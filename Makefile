@@ -5,11 +5,11 @@ PY := $(VENV)/bin/python
 MPIEXEC ?= $(VENV)/bin/mpiexec
 RANKS ?= 4
 STAMP := $(VENV)/.ringcc-installed
-# The Gloo and DDP peers of `make bench` need PyTorch; any CPU build will do.
+# PyTorch, for the torch tests and the Gloo and DDP peers of `make bench`; any CPU build will do.
 TORCH ?= torch==2.13.0
 export OPENBLAS_NUM_THREADS := 1
 
-.PHONY: test demo bench explain clean
+.PHONY: test demo bench explain clean torch
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,15 +17,18 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[mpich,test,train,bench]"
 	touch $(STAMP)
 
-test: $(STAMP)
+# PyTorch is optional: where it cannot be installed, its tests skip and say why.
+torch: $(STAMP)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)" \
+		|| echo "PyTorch could not be installed: the torch tests and peers are skipped"
+
+test: $(STAMP) torch
 	$(PY) -m pytest -q
 
 demo: $(STAMP)
 	$(MPIEXEC) -n $(RANKS) $(PY) -m trainer
 
-bench: $(STAMP)
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)" \
-		|| echo "PyTorch could not be installed: the gloo and DDP peers are skipped"
+bench: $(STAMP) torch
 	$(PY) -m benchmarks.sweep --mpiexec $(MPIEXEC) --out bench-results
 
 explain: $(STAMP)

@@ -1,0 +1,301 @@
+"""ringcc under PyTorch: a torch.distributed backend, process groups and DDP communication hooks.
+
+    import collectives.torch                          # registers the backend "ringcc"
+    collectives.torch.init_process_group()            # under mpiexec: the default group
+    model = DistributedDataParallel(model)            # gradients averaged by ringcc
+
+or keep the process group you have and let ringcc average DDP's gradient buckets:
+
+    comm = collectives.init()
+    ddp.register_comm_hook(comm, collectives.torch.allreduce_hook)
+
+How it fits. PyTorch takes a process group written in Python: a subclass of
+`torch.distributed.ProcessGroup` whose methods (`allreduce`, `allgather`, ...) receive tensors
+and options and return a `Work`. torch.distributed's functions, and DDP's C++ reducer, call
+those methods. Here each one views its tensors as NumPy arrays that share their memory
+(`Tensor.numpy()`: no copy for a contiguous tensor), runs the ringcc collective on a worker
+thread, one per communicator so that calls run in the order they were made, and returns a
+`Work` whose future completes when the collective has. So `async_op=True` returns at once, and
+DDP's buckets are averaged while backward goes on. DDP on the default group also needs
+`allgather` and `broadcast`: before training it checks, through them, that every rank holds
+the same parameters (C++ `verify_params_across_processes`), and a group without them fails
+with "No backend type associated with device type cpu".
+
+A communicator that serves torch runs its calls on that worker: make them through torch, or
+through `run`, not directly from another thread at the same time. PyTorch stays optional:
+nothing else in ringcc imports it.
+"""
+
+import os
+import queue
+import threading
+from datetime import timedelta
+from typing import Any, Callable
+
+import numpy
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _create_work_from_future
+
+import collectives
+
+from transports.errors import CollectiveError, InvalidArgumentError, InvalidTypeError
+
+from .communicator import Communicator
+
+BACKEND = "ringcc"
+OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.PRODUCT: "prod", dist.ReduceOp.MIN: "min",
+       dist.ReduceOp.MAX: "max", dist.ReduceOp.AVG: "avg"}
+
+
+class Worker:
+    """Runs one communicator's calls, in order, on a thread of its own; each call's outcome is
+    a torch Future."""
+
+    def __init__(self, comm: Communicator) -> None:
+        self.comm = comm
+        self.calls: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._serve, daemon=True,
+                                       name=f"ringcc-torch-rank-{comm.rank}")
+        self.thread.start()
+
+    def submit(self, call: Callable[[], Any]) -> torch.futures.Future:
+        """Queue `call`; the future gets what it returns, or what it raises."""
+        future: torch.futures.Future = torch.futures.Future()
+        self.calls.put((call, future))
+        return future
+
+    def _serve(self) -> None:
+        while True:
+            call, future = self.calls.get()
+            try:
+                future.set_result(call())
+            except BaseException as error:  # noqa: BLE001 - handed to whoever waits
+                future.set_exception(error)
+
+
+_workers: dict[int, Worker] = {}
+_workers_lock = threading.Lock()
+
+
+def run(comm: Communicator, call: Callable[[], Any]) -> torch.futures.Future:
+    """Run `call` on `comm`'s worker, after every call queued before it; a Future of its
+    result."""
+    with _workers_lock:
+        worker = _workers.get(id(comm))
+        if worker is None or worker.comm is not comm:
+            worker = _workers[id(comm)] = Worker(comm)
+    return worker.submit(call)
+
+
+def as_array(tensor: torch.Tensor, call: str) -> numpy.ndarray:
+    """The NumPy array that shares `tensor`'s memory; InvalidTypeError naming `call` if there
+    is none (a device tensor, or a dtype NumPy lacks)."""
+    if not isinstance(tensor, torch.Tensor):
+        raise InvalidTypeError(f"{call}: expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.device.type != "cpu":
+        raise InvalidTypeError(f"{call}: the ringcc backend moves CPU tensors; got one on "
+                               f"{tensor.device}")
+    try:
+        return tensor.detach().numpy()
+    except TypeError as error:  # bfloat16 and the like
+        raise InvalidTypeError(f"{call}: ringcc cannot move {tensor.dtype} tensors "
+                               f"({error})") from None
+
+
+def reduce_op(op: Any, call: str) -> str:
+    """ringcc's name for a torch ReduceOp; InvalidArgumentError naming `call` if it has none."""
+    for torch_op, name in OPS.items():
+        if op == torch_op:
+            return name
+    raise InvalidArgumentError(f"{call}: the ringcc backend reduces with SUM, PRODUCT, MIN, "
+                               f"MAX and AVG, not {op}")
+
+
+class ProcessGroup(dist.ProcessGroup):
+    """The ranks of a ringcc Communicator as a torch.distributed process group."""
+
+    def __init__(self, comm: Communicator) -> None:
+        super().__init__(comm.rank, comm.size)
+        self.comm = comm
+
+    def getBackendName(self) -> str:  # noqa: N802 - PyTorch's name
+        return BACKEND
+
+    def _work(self, call: Callable[[], Any], result: Any) -> dist.Work:
+        def done() -> Any:
+            call()
+            return result
+        return _create_work_from_future(run(self.comm, done))
+
+    # ---- the collectives: each checks its arguments here, and moves data on the worker ----
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:
+        op = reduce_op(opts.reduceOp, "all_reduce")
+        arrays = [as_array(t, "all_reduce") for t in tensors]
+        return self._work(lambda: [self.comm.all_reduce(a, a, op=op) for a in arrays], tensors)
+
+    def allgather(self, output_tensors: list[list[torch.Tensor]],
+                  input_tensors: list[torch.Tensor], opts: Any) -> dist.Work:
+        inputs = [as_array(t, "all_gather") for t in input_tensors]
+        outputs = [[as_array(t, "all_gather") for t in outs] for outs in output_tensors]
+
+        def gather() -> None:
+            for mine, outs in zip(inputs, outputs):
+                for out, block in zip(outs, self.comm.all_gather(mine)):
+                    out[...] = block
+        return self._work(gather, output_tensors)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
+                          opts: Any) -> dist.Work:
+        mine, out = as_array(input, "all_gather_into_tensor"), \
+            as_array(output, "all_gather_into_tensor")
+        if out.size != mine.size * self.comm.size:
+            raise InvalidArgumentError(f"all_gather_into_tensor: the output must hold "
+                                       f"{self.comm.size} x {mine.size} elements, got {out.size}")
+        blocks = out.reshape(self.comm.size, *mine.shape)  # a view: gathered in place
+        return self._work(lambda: self.comm.all_gather(mine, blocks), output)
+
+    _allgather_base = all_gather_single  # the name before PyTorch 2.13
+
+    def reduce_scatter(self, output_tensors: list[torch.Tensor],
+                       input_tensors: list[list[torch.Tensor]], opts: Any) -> dist.Work:
+        op = reduce_op(opts.reduceOp, "reduce_scatter")
+        outputs = [as_array(t, "reduce_scatter") for t in output_tensors]
+        inputs = [[as_array(t, "reduce_scatter") for t in ins] for ins in input_tensors]
+
+        def scatter() -> None:
+            for out, ins in zip(outputs, inputs):
+                self.comm.reduce_scatter(numpy.stack(ins), out, op=op)
+        return self._work(scatter, output_tensors)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
+                              opts: Any) -> dist.Work:
+        op = reduce_op(opts.reduceOp, "reduce_scatter_tensor")
+        out, whole = as_array(output, "reduce_scatter_tensor"), \
+            as_array(input, "reduce_scatter_tensor")
+        if whole.size != out.size * self.comm.size:
+            raise InvalidArgumentError(f"reduce_scatter_tensor: the input must hold "
+                                       f"{self.comm.size} x {out.size} elements, got "
+                                       f"{whole.size}")
+        blocks = whole.reshape(self.comm.size, *out.shape)
+        return self._work(lambda: self.comm.reduce_scatter(blocks, out, op=op), output)
+
+    _reduce_scatter_base = reduce_scatter_single  # the name before PyTorch 2.13
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:
+        arrays = [as_array(t, "broadcast") for t in tensors]
+        root = opts.rootRank
+        return self._work(lambda: [self.comm.broadcast(a, root=root) for a in arrays], tensors)
+
+    def scatter(self, output_tensors: list[torch.Tensor],
+                input_tensors: list[list[torch.Tensor]], opts: Any) -> dist.Work:
+        root = opts.rootRank
+        out = as_array(output_tensors[0], "scatter")
+        blocks = numpy.stack([as_array(t, "scatter") for t in input_tensors[0]]) \
+            if self.comm.rank == root else None
+        return self._work(lambda: self.comm.scatter(blocks, out, root=root), output_tensors)
+
+    def barrier(self, opts: Any = None) -> dist.Work:
+        return self._work(self.comm.barrier, None)
+
+    # ---- what ringcc does not offer: a clear error rather than PyTorch's own --------------
+
+    def _unsupported(self, call: str) -> None:
+        raise NotImplementedError(f"the ringcc backend does not implement {call}; it serves "
+                                  f"all_reduce, all_gather, all_gather_into_tensor, "
+                                  f"reduce_scatter, reduce_scatter_tensor, broadcast, scatter "
+                                  f"and barrier")
+
+    def gather(self, *args: Any) -> dist.Work:
+        self._unsupported("gather")
+
+    def reduce(self, *args: Any) -> dist.Work:
+        self._unsupported("reduce")
+
+    def alltoall(self, *args: Any) -> dist.Work:
+        self._unsupported("all_to_all")
+
+    def alltoall_base(self, *args: Any) -> dist.Work:
+        self._unsupported("all_to_all_single")
+
+    all_to_all_single = alltoall_base
+
+    def send(self, *args: Any) -> dist.Work:
+        self._unsupported("send")
+
+    def recv(self, *args: Any) -> dist.Work:
+        self._unsupported("recv")
+
+    def allreduce_coalesced(self, *args: Any) -> dist.Work:
+        self._unsupported("all_reduce_coalesced")
+
+
+def process_group(comm: Communicator) -> ProcessGroup:
+    """A torch.distributed process group over `comm`'s ranks, for
+    `DistributedDataParallel(model, process_group=...)` or any `group=` argument."""
+    return ProcessGroup(comm)
+
+
+def _create(store: Any, rank: int, size: int, timeout: timedelta) -> ProcessGroup:
+    """What `dist.init_process_group("ringcc", ...)` calls: a group over every rank of the MPI
+    job, which must be the ranks torch was told of."""
+    comm = collectives.init(timeout=timeout.total_seconds() if timeout else None)
+    if (comm.rank, comm.size) != (rank, size):
+        found = (comm.rank, comm.size)
+        comm.close()
+        raise CollectiveError(f"torch.distributed says rank {rank} of {size}, but MPI says rank "
+                              f"{found[0]} of {found[1]}: the ringcc backend spans the ranks of "
+                              f"the MPI job; for a subset, use "
+                              f"collectives.torch.process_group(collectives.init(comm=sub))")
+    return ProcessGroup(comm)
+
+
+def init_process_group(**options: Any) -> None:
+    """`dist.init_process_group("ringcc")` with rank and size from MPI, under mpiexec. ringcc
+    needs no rendezvous of torch's, so without MASTER_ADDR an in-process store stands in."""
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    options.setdefault("rank", world.Get_rank())
+    options.setdefault("world_size", world.Get_size())
+    if "init_method" not in options and "MASTER_ADDR" not in os.environ:
+        options.setdefault("store", dist.HashStore())
+    dist.init_process_group(BACKEND, **options)
+
+
+# ---- DDP communication hooks ----------------------------------------------------------------
+# (Their annotations are checked by DDP, so this module evaluates annotations, as PyTorch's own
+# hooks do.)
+
+def allreduce_hook(comm: Communicator,
+                   bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Average the bucket's gradients over `comm`'s ranks, on the worker: DDP goes on with
+    backward meanwhile, as it does with its own backends.
+    `ddp.register_comm_hook(comm, allreduce_hook)`."""
+    buffer = bucket.buffer()
+    grads = as_array(buffer, "allreduce_hook")
+
+    def average() -> torch.Tensor:
+        comm.all_reduce(grads, grads, op="avg")
+        return buffer
+    return run(comm, average)
+
+
+def fp16_compress_hook(comm: Communicator,
+                       bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """`allreduce_hook` with float16 on the wire, half the bytes: the bucket is divided by the
+    number of ranks and cast down, summed, and cast back, as PyTorch's own hook does."""
+    buffer = bucket.buffer()
+    compressed = buffer.div(comm.size).to(torch.float16)
+    half = as_array(compressed, "fp16_compress_hook")
+
+    def average() -> torch.Tensor:
+        comm.all_reduce(half, half, op="sum")
+        buffer.copy_(compressed)
+        return buffer
+    return run(comm, average)
+
+
+if BACKEND not in dist.Backend.backend_list:
+    dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])

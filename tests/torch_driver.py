@@ -1,0 +1,149 @@
+"""PyTorch on ringcc, on real ranks, for test_torch.py:
+
+    mpiexec -n N python tests/torch_driver.py SCENARIO PORT
+
+The default group is ringcc's backend; a Gloo group over the same ranks (through the same
+TCP store on PORT) computes every reference in the same job. Each rank prints "<scenario> ok"
+when every check has passed, and raises otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import collectives
+import collectives.torch as ringcc_torch
+
+
+def values(rank: int, count: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Data that depends on the rank and the index (multiples of 1/8: sums are exact)."""
+    i = torch.arange(count, dtype=torch.float64)
+    return (((i * 31 + rank * 17 + 5) % 23 - 11) / 8).to(dtype)
+
+
+def same(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    assert torch.equal(got, want), f"{what}: {got.tolist()} != {want.tolist()}"
+
+
+def calls_scenario(gloo: dist.ProcessGroup) -> None:
+    """Every call the backend serves, against Gloo's answer to the same call."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.PRODUCT):
+        for dtype in (torch.float32, torch.float64, torch.int32):
+            ours, theirs = values(rank, 37, dtype), values(rank, 37, dtype)
+            dist.all_reduce(ours, op=op)
+            dist.all_reduce(theirs, op=op, group=gloo)
+            same(ours, theirs, f"all_reduce {op} {dtype}")
+    ours = values(rank, 10).reshape(2, 5)[:, ::2]  # not contiguous: written back in place
+    theirs = ours.clone()
+    dist.all_reduce(ours, op=dist.ReduceOp.AVG)
+    dist.all_reduce(theirs, group=gloo)
+    same(ours, theirs / size, "all_reduce avg, strided")
+    ours = values(rank, 1000)
+    work = dist.all_reduce(ours, async_op=True)  # returns at once; done once waited for
+    work.wait()
+    same(ours, sum(values(r, 1000) for r in range(size)), "all_reduce, async_op=True")
+
+    ours = [torch.empty(7) for _ in range(size)]
+    theirs = [torch.empty(7) for _ in range(size)]
+    dist.all_gather(ours, values(rank, 7))
+    dist.all_gather(theirs, values(rank, 7), group=gloo)
+    for r in range(size):
+        same(ours[r], theirs[r], "all_gather")
+    single = torch.empty(size * 6)
+    dist.all_gather_single(single, values(rank, 6))
+    same(single, torch.cat([values(r, 6) for r in range(size)]), "all_gather_single")
+
+    blocks = [values(rank + j, 4) for j in range(size)]
+    ours, theirs = torch.empty(4), torch.empty(4)
+    dist.reduce_scatter(ours, blocks)
+    dist.reduce_scatter(theirs, blocks, group=gloo)
+    same(ours, theirs, "reduce_scatter")
+    single = torch.empty(3)
+    dist.reduce_scatter_single(single, values(rank, 3 * size), op=dist.ReduceOp.MAX)
+    want = torch.stack([values(r, 3 * size) for r in range(size)]).amax(0)[3 * rank:3 * rank + 3]
+    same(single, want, "reduce_scatter_single max")
+
+    for root in range(size):
+        ours = values(rank, 9, torch.float64)
+        dist.broadcast(ours, src=root)
+        same(ours, values(root, 9, torch.float64), f"broadcast from {root}")
+        block = torch.empty(5, dtype=torch.int64)
+        dist.scatter(block, [values(j, 5).to(torch.int64) * (root + 1) for j in range(size)]
+                     if rank == root else None, src=root)
+        same(block, values(rank, 5).to(torch.int64) * (root + 1), f"scatter from {root}")
+    dist.barrier()
+
+    try:
+        dist.gather(torch.ones(2), [torch.empty(2) for _ in range(size)] if rank == 0 else None)
+    except NotImplementedError as error:
+        assert "ringcc backend does not implement gather" in str(error), error
+    else:
+        raise AssertionError("an unsupported call went through")
+    try:
+        dist.all_reduce(torch.ones(3, dtype=torch.bfloat16))
+    except collectives.InvalidTypeError as error:
+        assert "cannot move torch.bfloat16" in str(error), error
+    else:
+        raise AssertionError("a bfloat16 tensor went through")
+
+
+class Net(nn.Module):
+    """Two layers and one that never gets a gradient (find_unused_parameters)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(13, 31)
+        self.second = nn.Linear(31, 5)
+        self.unused = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(torch.tanh(self.first(x)))
+
+
+def train(group: dist.ProcessGroup | None, hook: str | None) -> list[torch.Tensor]:
+    """Four optimizer steps of DDP over `group` (None: the default, ringcc), each of two
+    micro-batches, the first under no_sync; several small buckets, the last one uneven."""
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(
+        Net(), process_group=group, bucket_cap_mb=0.001, find_unused_parameters=True)
+    if hook is not None:
+        comm = collectives.init()
+        model.register_comm_hook(comm, getattr(ringcc_torch, hook))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    generator = torch.Generator().manual_seed(100 + rank)
+    for _ in range(4):
+        optimizer.zero_grad()
+        with model.no_sync():
+            model(torch.randn(8, 13, generator=generator)).square().mean().backward()
+        model(torch.randn(8, 13, generator=generator)).square().mean().backward()
+        optimizer.step()
+    return [p.detach().clone() for p in model.module.parameters()]
+
+
+def ddp_scenario(gloo: dist.ProcessGroup) -> None:
+    """DDP on the ringcc backend, and on Gloo with each ringcc hook, against DDP on Gloo."""
+    reference = train(gloo, None)
+    for group, hook, tolerance in ((None, None, 1e-6), (gloo, "allreduce_hook", 1e-6),
+                                   (gloo, "fp16_compress_hook", 2e-3)):
+        for got, want in zip(train(group, hook), reference):
+            assert torch.allclose(got, want, rtol=tolerance, atol=tolerance), \
+                f"{hook or 'the ringcc backend'}: {(got - want).abs().max()}"
+
+
+SCENARIOS = {"calls": calls_scenario, "ddp": ddp_scenario}
+
+if __name__ == "__main__":
+    scenario, port = sys.argv[1], sys.argv[2]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    ringcc_torch.init_process_group()
+    assert dist.get_backend() == "ringcc"
+    SCENARIOS[scenario](dist.new_group(backend="gloo"))
+    dist.destroy_process_group()
+    print(f"{scenario} ok", flush=True)
