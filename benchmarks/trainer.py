@@ -1,25 +1,32 @@
-"""Training throughput: this trainer's data-parallel SGD, and PyTorch DDP on Gloo beside it.
+"""Training throughput and memory: this trainer's DDP, ZeRO-1 and ZeRO-2, and PyTorch DDP on
+Gloo beside them.
 
     OPENBLAS_NUM_THREADS=1 mpiexec -n 2 python -m benchmarks.trainer --compare torch
+    OPENBLAS_NUM_THREADS=1 mpiexec -n 2 python -m benchmarks.trainer --optimizer adam
 
-Both train the same MLP (784-1024-1024-10, float32, the same initial weights) with SGD and
-momentum on synthetic MNIST-shaped batches of `--batch` samples per rank, in the same job, in
-alternating rounds so that both see the same machine. Per trainer it prints:
+All train the same MLP (784-1024-1024-10, float32, the same initial weights) with the same
+optimizer (SGD with momentum by default) on synthetic MNIST-shaped batches of `--batch` samples
+per rank, in the same job, in alternating rounds so that all see the same machine. Per trainer
+it prints:
 
 samples/s   samples trained per second by all ranks together
 step        time per step (forward, backward with gradient averaging, optimizer step),
             the slowest rank's, the median over rounds
-compute     the same steps with gradient averaging switched off (`no_sync`): the work
-            that communication adds to
+compute     the same steps with the collectives switched off (`no_sync`, and under ZeRO
+            no all-gather): the work that communication adds to
 comm share  (step - compute) / step: the part of a step that communication costs, whatever
             overlap hides
+params, grads, optimizer
+            the megabytes rank 0 keeps for parameters, gradients and optimizer state
 
-For this trainer it also prints `in all-reduce`, the time per step spent inside all-reduce
-calls; with overlap that runs on the communication thread, beside backward. On more than one
-rank, a last row times this trainer on rank 0 alone (a one-rank communicator) while the
+For this trainer it also prints `in collectives`, the time per step spent inside all-reduce
+(DDP) or reduce-scatter and all-gather (ZeRO) calls; with overlap the gradients' part runs on
+the communication thread, beside backward. ZeRO-2 keeps two buckets of gradients and the
+shard, so it runs with buckets of `--zero2-bucket-mb`, small beside the model. On more than one
+rank, a last row times this trainer's DDP on rank 0 alone (a one-rank communicator) while the
 other ranks wait: the one-rank baseline, measured in the same job as the N-rank numbers, so
 the scaling ratio is not at the mercy of whatever else the machine ran in between.
-`--profile` prints where rank 0's main thread spent the timed steps.
+`--profile` prints where rank 0's main thread spent the timed steps of this trainer's DDP.
 """
 
 from __future__ import annotations
@@ -31,17 +38,20 @@ import pstats
 import statistics
 import sys
 import time
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import numpy
 from mpi4py import MPI
 
 import collectives
 from trainer.data import synthetic
+from trainer.compress import GRAD_DTYPES
 from trainer.ddp import DistributedDataParallel
 from trainer.nn import MLP
-from trainer.optim import SGD
+from trainer.optim import OPTIMIZERS, SGD, Adam, LAMB, Optimizer
 from trainer.tensor import Tensor, cross_entropy
+from trainer.zero import ShardedOptimizer, ZeroDataParallel
 from transports import registry
 
 SIZES = [784, 1024, 1024, 10]
@@ -59,30 +69,72 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     parser.add_argument("--transport", default="auto",
                         choices=["auto", *registry.names(device="cpu")])
-    parser.add_argument("--bucket-mb", type=float, default=25.0, help="for both trainers")
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd",
+                        help="SGD with momentum (lr 0.01), Adam (lr 0.001; PyTorch's AdamW) or "
+                             "LAMB (lr 0.005; PyTorch has none)")
+    parser.add_argument("--zero", type=stages, default=[0, 1, 2],
+                        help="the ZeRO stages of this trainer to time, comma separated "
+                             "(0 is DDP)")
+    parser.add_argument("--grad-dtype", choices=GRAD_DTYPES, default="float32",
+                        help="the dtype this trainer's gradients travel in")
+    parser.add_argument("--bucket-mb", type=float, default=25.0, help="for the trainers")
+    parser.add_argument("--zero2-bucket-mb", type=float, default=1.0,
+                        help="ZeRO-2's buckets: its gradient memory is two of them and a shard")
     parser.add_argument("--no-overlap", action="store_true", help="this trainer's overlap off")
     parser.add_argument("--profile", action="store_true",
                         help="profile rank 0's main thread during this trainer's steps")
     return parser.parse_args(argv)
 
 
-class Ours:
-    """This trainer: MLP + DistributedDataParallel + SGD."""
+def stages(text: str) -> list[int]:
+    """'0,1,2' -> [0, 1, 2]."""
+    found = [int(part) for part in text.split(",")]
+    if not found or any(stage not in (0, 1, 2) for stage in found):
+        raise argparse.ArgumentTypeError(f"expected ZeRO stages among 0,1,2; got {text!r}")
+    return found
 
-    def __init__(self, comm: collectives.Communicator, args: argparse.Namespace) -> None:
+
+def make_optimizer(name: str, params: list[Tensor]) -> Optimizer:
+    if name == "sgd":
+        return SGD(params, lr=0.01, momentum=0.9)
+    return Adam(params, lr=0.001) if name == "adam" else LAMB(params, lr=0.005)
+
+
+class Ours:
+    """This trainer: MLP + DistributedDataParallel (stage 0) or ZeRO + the optimizer."""
+
+    def __init__(self, comm: collectives.Communicator, args: argparse.Namespace,
+                 stage: int = 0) -> None:
         self.model = MLP(SIZES, seed=0)
-        self.ddp = DistributedDataParallel(self.model, comm, args.bucket_mb,
-                                           overlap=not args.no_overlap)
-        self.optimizer = SGD(self.model.parameters(), lr=0.01, momentum=0.9)
-        self.name = f"ringcc:{comm.transport}" + (" (no overlap)" if args.no_overlap else "")
+        options = dict(overlap=not args.no_overlap, grad_dtype=args.grad_dtype)
+        if stage == 0:
+            self.ddp = DistributedDataParallel(self.model, comm, args.bucket_mb, **options)
+            self.optimizer = self.local = make_optimizer(args.optimizer, self.model.parameters())
+        else:
+            bucket_mb = args.bucket_mb if stage == 1 else args.zero2_bucket_mb
+            self.ddp = ZeroDataParallel(self.model, comm, stage, bucket_mb, **options)
+            self.local = make_optimizer(args.optimizer, self.ddp.shards)
+            self.optimizer = ShardedOptimizer(self.ddp, self.local)
+        self.syncing = True
+        self.name = f"ringcc:{comm.transport}" + (f" ZeRO-{stage}" if stage else "") + \
+            (f" ({bucket_mb:g} MB)" if stage == 2 else "") + \
+            (" (no overlap)" if args.no_overlap else "")
 
     def step(self, x: numpy.ndarray, y: numpy.ndarray) -> None:
         self.optimizer.zero_grad()
         cross_entropy(self.ddp(Tensor(x)), y).backward()
-        self.optimizer.step()
+        (self.optimizer if self.syncing else self.local).step()  # ZeRO: no all-gather
 
-    def no_sync(self) -> Any:
-        return self.ddp.no_sync()
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        self.syncing = False
+        with self.ddp.no_sync():
+            yield
+        self.syncing = True
+
+    def memory(self) -> list[float]:
+        held = {**self.ddp.memory_bytes(), "optimizer_state": self.optimizer.state_bytes()}
+        return [held["parameters"], held["gradients"], held["optimizer_state"]]
 
     def comm_seconds(self) -> float:
         return self.ddp.comm_seconds
@@ -115,7 +167,9 @@ class Torch:
                 linear.bias.copy_(torch.from_numpy(initial[f"layers.{2 * i}.bias"]))
             layers += [linear, torch.nn.ReLU()]
         self.model = TorchDDP(torch.nn.Sequential(*layers[:-1]), bucket_cap_mb=args.bucket_mb)
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9) \
+            if args.optimizer == "sgd" else torch.optim.AdamW(self.model.parameters(), lr=0.001,
+                                                              weight_decay=0.0)
 
     def step(self, x: numpy.ndarray, y: numpy.ndarray) -> None:
         self.optimizer.zero_grad()
@@ -128,6 +182,9 @@ class Torch:
         return self.model.no_sync()
 
     def comm_seconds(self) -> float | None:
+        return None
+
+    def memory(self) -> None:
         return None
 
     def parameters(self) -> list[numpy.ndarray]:
@@ -176,8 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         data = synthetic(train=8 * args.batch, test=0, seed=comm.rank)
         batches = [(data.x_train[i * args.batch:(i + 1) * args.batch],
                     data.y_train[i * args.batch:(i + 1) * args.batch]) for i in range(8)]
-        ours = Ours(comm, args)
-        trainers: list[Any] = [ours]
+        ours = [Ours(comm, args, stage) for stage in args.zero]
+        trainers: list[Any] = list(ours)
         notes = []
         if "torch" in args.compare:
             try:
@@ -185,14 +242,17 @@ def main(argv: list[str] | None = None) -> int:
             except ImportError:
                 notes.append("torch is not installed (pip install torch): comparison skipped")
             else:
-                trainers.append(Torch(ours.model.state_dict(), args))
+                if args.optimizer == "lamb":
+                    notes.append("PyTorch has no LAMB: comparison skipped")
+                else:
+                    trainers.append(Torch(ours[0].model.state_dict(), args))
         # The one-rank baseline, in the same job: rank 0 trains alone while the others wait.
         self_comm = collectives.init(transport=args.transport, comm=MPI.COMM_SELF) \
             if comm.size > 1 and comm.rank == 0 else None
         alone = None if self_comm is None else Ours(self_comm, args)
-        say(f"# trainer benchmark: MLP {'-'.join(map(str, SIZES))} float32, SGD momentum, "
+        say(f"# trainer benchmark: MLP {'-'.join(map(str, SIZES))} float32, {args.optimizer}, "
             f"{args.batch} samples per rank per step, {comm.size} rank(s), "
-            f"bucket {args.bucket_mb:g} MB")
+            f"bucket {args.bucket_mb:g} MB, {args.grad_dtype} gradients")
         say(f"# {args.rounds} rounds of {args.steps} steps after {args.warmup} warm-up steps, "
             f"trainers taking turns; median over rounds; OPENBLAS_NUM_THREADS="
             f"{os.environ.get('OPENBLAS_NUM_THREADS', '(unset)')}")
@@ -209,20 +269,21 @@ def main(argv: list[str] | None = None) -> int:
         synced = {t.name: in_sync(comm, t.parameters()) for t in trainers}
         profile = cProfile.Profile() if args.profile and comm.rank == 0 else None
         results: dict[str, dict[str, list[float]]] = {
-            t.name: {"step": [], "compute": [], "allreduce": []} for t in trainers}
+            t.name: {"step": [], "compute": [], "collectives": []} for t in trainers}
         solo: list[float] = []
         for _ in range(args.rounds):
             for trainer in trainers:
                 row = results[trainer.name]
                 before = trainer.comm_seconds()
                 row["step"].append(timed(comm, args.steps, run(trainer),
-                                         profile if trainer is ours else None))
+                                         profile if trainer is ours[0] else None))
                 if before is not None:
-                    row["allreduce"].append((trainer.comm_seconds() - before) / args.steps)
+                    row["collectives"].append((trainer.comm_seconds() - before) / args.steps)
                 with trainer.no_sync():
                     row["compute"].append(timed(comm, args.steps, run(trainer)))
             if comm.size > 1:
                 solo.append(timed(comm, args.steps, run(alone)))
+        memory = {t.name: t.memory() for t in trainers}
         for trainer in [*trainers, alone]:
             if trainer is not None:
                 trainer.close()
@@ -231,28 +292,34 @@ def main(argv: list[str] | None = None) -> int:
 
         say("# check: parameters bitwise identical on every rank after the warm-up: " + ", ".join(
             f"{name} {'yes' if ok else 'NO'}" for name, ok in synced.items()))
-        say(f"# {'trainer':<28} {'samples/s':>10} {'step ms':>9} {'compute ms':>11} "
-            f"{'comm share':>11} {'in all-reduce ms':>17}")
-        speed = {}
+        say(f"# {'trainer':<30} {'samples/s':>9} {'step ms':>8} {'compute ms':>10} "
+            f"{'comm share':>10} {'in collectives ms':>17} {'params MB':>9} {'grads MB':>8} "
+            f"{'optimizer MB':>12}")
+        speed, steps = {}, {}
         for name, row in results.items():
             step, compute = statistics.median(row["step"]), statistics.median(row["compute"])
-            speed[name] = comm.size * args.batch / step
-            allreduce = f"{statistics.median(row['allreduce']) * 1e3:.2f}" \
-                if row["allreduce"] else "-"
-            say(f"  {name:<28} {speed[name]:>10,.0f} {step * 1e3:>9.2f} {compute * 1e3:>11.2f} "
-                f"{max(0.0, 1 - compute / step):>11.1%} {allreduce:>17}")
+            speed[name], steps[name] = comm.size * args.batch / step, step
+            inside = f"{statistics.median(row['collectives']) * 1e3:.2f}" \
+                if row["collectives"] else "-"
+            held = [f"{b / 1e6:.2f}" for b in memory[name]] if memory[name] else ["-"] * 3
+            say(f"  {name:<30} {speed[name]:>9,.0f} {step * 1e3:>8.2f} {compute * 1e3:>10.2f} "
+                f"{max(0.0, 1 - compute / step):>10.1%} {inside:>17} {held[0]:>9} "
+                f"{held[1]:>8} {held[2]:>12}")
+        first = ours[0].name
         if solo:
             step = statistics.median(solo)
             speed[ALONE] = args.batch / step
-            say(f"  {ALONE:<28} {speed[ALONE]:>10,.0f} {step * 1e3:>9.2f} "
-                f"{step * 1e3:>11.2f} {0.0:>11.1%} {'-':>17}")
-            say(f"# {ours.name} on {comm.size} ranks / rank 0 alone: "
-                f"{speed[ours.name] / speed[ALONE]:.2f}x samples/s")
-        if len(trainers) > 1:
-            say(f"# {ours.name} / {trainers[1].name}: "
-                f"{speed[ours.name] / speed[trainers[1].name]:.2f}x samples/s")
+            say(f"  {ALONE:<30} {speed[ALONE]:>9,.0f} {step * 1e3:>8.2f} {step * 1e3:>10.2f} "
+                f"{0.0:>10.1%} {'-':>17}")
+            say(f"# {first} on {comm.size} ranks / rank 0 alone: "
+                f"{speed[first] / speed[ALONE]:.2f}x samples/s")
+        for other in ours[1:]:
+            say(f"# {other.name} / {first}: {steps[other.name] / steps[first]:.2f}x step time")
+        if len(trainers) > len(ours):
+            say(f"# {first} / {trainers[-1].name}: "
+                f"{speed[first] / speed[trainers[-1].name]:.2f}x samples/s")
         if profile is not None:
-            say(f"# profile of rank 0's main thread during {ours.name}'s timed steps")
+            say(f"# profile of rank 0's main thread during {first}'s timed steps")
             pstats.Stats(profile, stream=sys.stdout).sort_stats("tottime").print_stats(15)
     return 0 if all(synced.values()) else 1
 

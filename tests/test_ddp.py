@@ -1,5 +1,5 @@
 """Data parallelism on thread ranks (`collectives.spawn`): the averaged gradients against a
-single-process reference, buckets, overlap, no_sync, and the errors.
+single-process reference, the flat layout and its buckets, overlap, no_sync, and the errors.
 
 Each rank trains on rank-dependent data; the reference computes the same gradients in one
 process and averages them with NumPy.
@@ -13,7 +13,7 @@ import numpy
 import pytest
 
 import collectives
-from trainer.ddp import DistributedDataParallel, make_buckets
+from trainer.ddp import DistributedDataParallel, flat_layout
 from trainer.nn import MLP, Linear, Module
 from trainer.optim import SGD
 from trainer.tensor import Tensor, cross_entropy
@@ -57,25 +57,23 @@ def test_gradients_are_averaged_and_parameters_broadcast(size, overlap, bucket_m
             numpy.testing.assert_allclose(grads[name], value, rtol=1e-12, atol=1e-15)
 
 
-def test_buckets_fill_last_parameters_first_up_to_the_cap():
-    model = MLP([10, 20, 30, 4], seed=0)  # float32: weights of 800, 2400 and 480 bytes
+def test_the_flat_layout_puts_the_last_parameters_first_and_buckets_cut_through_them():
+    model = MLP([10, 20, 30, 4], seed=0)  # float32: 200 + 20 + 600 + 30 + 120 + 4 elements
     names = [n for n, _ in model.named_parameters()]
-    assert names == ["layers.0.weight", "layers.0.bias", "layers.2.weight", "layers.2.bias",
-                     "layers.4.weight", "layers.4.bias"]
-    buckets = make_buckets(list(model.named_parameters()), bucket_bytes=1000)
-    assert [b.names for b in buckets] == [
-        ["layers.4.bias", "layers.4.weight", "layers.2.bias"],  # 616 bytes, + 2400 is too many
-        ["layers.2.weight"],  # alone above the cap
-        ["layers.0.bias", "layers.0.weight"]]
-    assert [b.names for b in make_buckets(list(model.named_parameters()), 1)] == \
-        [[n] for n in reversed(names)]  # never an empty bucket, even below one parameter
-    (whole,) = make_buckets(list(model.named_parameters()), 1 << 20)
-    assert whole.flat.size == sum(p.data.size for p in model.parameters())
-    assert whole.offsets == numpy.cumsum([0] + [p.data.size for p in
-                                                reversed(model.parameters())][:-1]).tolist()
+    layout = flat_layout(list(model.named_parameters()), bucket_bytes=1000)
+    assert layout.names == names[::-1]
+    assert layout.offsets == [0, 4, 124, 154, 754, 774] and layout.real == layout.size == 974
+    assert layout.buckets == [(0, 250), (250, 500), (500, 750), (750, 974)]
+    assert layout.pieces(2) == [(0, 124, 154)]  # layers.2.bias, inside the first bucket
+    assert layout.pieces(3) == [(0, 154, 250), (1, 250, 500), (2, 500, 750), (3, 750, 754)]
+    aligned = flat_layout(list(model.named_parameters()), bucket_bytes=1000, align=3)
+    assert aligned.size == 975 and aligned.buckets[:2] == [(0, 249), (249, 498)]
+    assert all((hi - lo) % 3 == 0 for lo, hi in aligned.buckets)
+    assert flat_layout(list(model.named_parameters()), 1, align=4).bucket == 4  # never empty
     mixed = [("a", Tensor(numpy.ones(2, numpy.float32), requires_grad=True)),
              ("b", Tensor(numpy.ones(2, numpy.float64), requires_grad=True))]
-    assert [b.names for b in make_buckets(mixed, 1 << 20)] == [["b"], ["a"]]
+    with pytest.raises(ValueError, match="same dtype"):
+        flat_layout(mixed, 1 << 20)
 
 
 @pytest.mark.parametrize("overlap", [True, False])
@@ -93,10 +91,10 @@ def test_one_all_reduce_per_bucket_in_bucket_order_on_the_right_thread(overlap):
         with DistributedDataParallel(model, comm, bucket_mb=1e-4, overlap=overlap) as ddp:
             x, y = rank_batch(comm.rank)
             cross_entropy(ddp(Tensor(x)), y).backward()
-            return calls, [b.flat.size for b in ddp.buckets]
+            return calls, [hi - lo for lo, hi in ddp.layout.buckets]
 
     for calls, bucket_sizes in collectives.spawn(body, 2):
-        assert [size for size, _ in calls] == bucket_sizes
+        assert len(bucket_sizes) > 3 and [size for size, _ in calls] == bucket_sizes
         assert all(on_comm_thread is overlap for _, on_comm_thread in calls)
 
 

@@ -211,6 +211,23 @@ def test_hooks_fire_once_when_the_gradient_is_complete_last_layer_first():
         numpy.testing.assert_array_equal(grad, p.grad)  # complete when the hook ran
 
 
+def test_a_product_gradient_is_computed_into_grad_out_when_it_is_the_first_term():
+    x, w, v, z = data(6, (4, 3), (3, 2), (2, 3), (5, 2))
+    expected = []
+    for out in (False, True):
+        once, twice = Tensor(w.copy(), requires_grad=True), Tensor(v.copy(), requires_grad=True)
+        buffers = [numpy.full(w.shape, numpy.nan), numpy.full(v.shape, numpy.nan)]
+        if out:
+            once.grad_out, twice.grad_out = buffers
+        hidden = (Tensor(x) @ once).tanh()
+        ((hidden @ twice).sum() + (Tensor(z) @ twice).sum()).backward()  # `twice` used twice
+        expected.append([once.grad, twice.grad])
+    numpy.testing.assert_allclose(expected[1][0], expected[0][0], rtol=1e-12)
+    numpy.testing.assert_allclose(expected[1][1], expected[0][1], rtol=1e-12)
+    assert expected[1][0] is buffers[0]  # written in place, no copy
+    assert expected[1][1] is buffers[1]  # and the second term added there
+
+
 def test_deep_graphs_do_not_recurse():
     a = Tensor(numpy.array([0.5]), requires_grad=True)
     y = a

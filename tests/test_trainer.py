@@ -192,7 +192,11 @@ def test_the_options_users_rely_on():
                        "--epochs", "2", "--steps", "5", "--batch-size", "10", "--lr", "0.2",
                        "--momentum", "0.5", "--weight-decay", "0.001", "--seed", "4",
                        "--transport", "mpi", "--bucket-mb", "0.5", "--no-overlap",
-                       "--device", "cpu", "--out", "o", "--checkpoint", "c", "--resume"])
+                       "--device", "cpu", "--out", "o", "--checkpoint", "c", "--resume",
+                       "--optimizer", "lamb", "--betas", "0.8,0.99", "--eps", "1e-6",
+                       "--zero", "2", "--grad-dtype", "float16", "--accumulate", "3",
+                       "--lr-scaling", "linear", "--base-batch-size", "32",
+                       "--warmup-steps", "7"])
     assert (args.dataset, args.data_dir, args.hidden, args.epochs, args.steps) == \
         ("mnist", "d", [32, 16], 2, 5, )
     assert (args.batch_size, args.lr, args.momentum, args.weight_decay, args.seed) == \
@@ -200,9 +204,19 @@ def test_the_options_users_rely_on():
     assert (args.transport, args.bucket_mb, args.no_overlap, args.device) == \
         ("mpi", 0.5, True, "cpu")
     assert (args.out, args.checkpoint, args.resume) == (Path("o"), Path("c"), True)
+    assert (args.optimizer, args.betas, args.eps, args.zero, args.grad_dtype) == \
+        ("lamb", (0.8, 0.99), 1e-6, 2, "float16")
+    assert (args.accumulate, args.lr_scaling, args.base_batch_size, args.warmup_steps) == \
+        (3, "linear", 32, 7)
+    defaults = parse_args([])
+    assert (defaults.optimizer, defaults.lr, defaults.zero, defaults.grad_dtype) == \
+        ("sgd", None, 0, "float32")
+    assert (defaults.accumulate, defaults.lr_scaling, defaults.warmup_steps) == (1, "none", 0)
     assert parse_args(["--hidden", ""]).hidden == []
     for bad in (["--resume"], ["--hidden", "3,x"], ["--batch-size", "0"], ["--device", "tpu"],
-                ["--dataset", "mnist"]):
+                ["--dataset", "mnist"], ["--zero", "3"], ["--accumulate", "0"],
+                ["--optimizer", "rmsprop"], ["--betas", "0.9"], ["--warmup-steps", "-1"],
+                ["--grad-dtype", "bfloat16"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
 
@@ -211,7 +225,7 @@ def test_checkpoints_are_replaced_atomically(tmp_path, monkeypatch):
     model = MLP([3, 2], seed=0)
     optimizer = SGD(model.parameters(), lr=0.1, momentum=0.9)
     config = vars(parse_args([]))
-    save_checkpoint(tmp_path, model, optimizer, Position(epoch=1), config)
+    save_checkpoint(tmp_path, model, optimizer.state_dict(), Position(epoch=1), config)
 
     def broken_savez(file, **arrays):
         file.write(b"half a checkpoint")
@@ -219,17 +233,20 @@ def test_checkpoints_are_replaced_atomically(tmp_path, monkeypatch):
 
     monkeypatch.setattr(numpy, "savez", broken_savez)
     with pytest.raises(OSError, match="disk full"):
-        save_checkpoint(tmp_path, MLP([3, 2], seed=1), optimizer, Position(epoch=2), config)
+        save_checkpoint(tmp_path, MLP([3, 2], seed=1), optimizer.state_dict(),
+                        Position(epoch=2), config)
     monkeypatch.undo()
     assert [p.name for p in tmp_path.iterdir()] == [CHECKPOINT]  # no partial file left
     fresh = MLP([3, 2], seed=5)
-    position = load_checkpoint(tmp_path / CHECKPOINT, fresh, SGD(fresh.parameters(), 0.1), config)
+    position = load_checkpoint(tmp_path / CHECKPOINT, fresh,
+                               SGD(fresh.parameters(), 0.1, momentum=0.9), config)
     assert position.epoch == 1  # the old checkpoint, whole
     numpy.testing.assert_array_equal(fresh.state_dict()["layers.0.weight"],
                                      model.state_dict()["layers.0.weight"])
-    with pytest.raises(SystemExit, match="batch-size"):
-        load_checkpoint(tmp_path / CHECKPOINT, fresh, SGD(fresh.parameters(), 0.1),
-                        {**config, "batch_size": 7})
+    for key, value in (("batch_size", 7), ("optimizer", "adam")):
+        with pytest.raises(SystemExit, match=key.replace("_", "-")):
+            load_checkpoint(tmp_path / CHECKPOINT, fresh, SGD(fresh.parameters(), 0.1),
+                            {**config, key: value})
 
 
 def train(ranks: int, out: Path, *options: str) -> dict:
@@ -325,8 +342,19 @@ def test_the_benchmark_runs_and_checks_its_ranks_agree():
                      "--steps", "2", "--warmup", "2", timeout=120)
     lines = result.stdout.splitlines()
     check = next(line for line in lines if line.startswith("# check:"))
-    assert "ringcc:shm yes" in check or "ringcc:mpi yes" in check
+    transport = "shm" if "ringcc:shm yes" in check else "mpi"
+    for name in ("", " ZeRO-1", " ZeRO-2 (1 MB)"):
+        assert f"ringcc:{transport}{name} yes" in check
     assert "NO" not in check
     assert any(line.strip().startswith("ringcc, rank 0 alone") for line in lines)
     assert any(line.startswith("# ringcc") and "rank 0 alone:" in line for line in lines)
+    assert any(line.startswith(f"# ringcc:{transport} ZeRO-1 / ") for line in lines)
     assert ("torch DDP (gloo) yes" in check) or ("torch is not installed" in result.stdout)
+    # the last three columns: parameters, gradients and optimizer state of rank 0, in MB
+    memory = {line.split("  ")[1].strip(): [float(x) for x in line.split()[-3:]]
+              for line in lines if line.startswith("  ringcc:")}
+    ddp, one, two = (memory[f"ringcc:{transport}{name}"]
+                     for name in ("", " ZeRO-1", " ZeRO-2 (1 MB)"))
+    assert ddp == [7.45, 7.45, 7.45]  # 1.86 million float32 parameters, SGD's velocity
+    assert one[0] == two[0] == 7.45 and one[2] == two[2] == 3.73  # half the state
+    assert two[1] < ddp[1] < one[1]  # gradients: two 1 MB buckets and the shard

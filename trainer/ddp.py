@@ -5,19 +5,22 @@ batch; before the optimizer step, the gradients are averaged over ranks, so ever
 the same step and the models never drift apart.
 
 - Construction broadcasts every parameter from rank 0: the ranks start identical.
-- Gradients travel in buckets of about `bucket_mb` megabytes (PyTorch's `bucket_cap_mb`),
-  one all-reduce per bucket rather than one per parameter. Buckets are filled in reverse
-  parameter order, the order backward produces gradients in.
-- With `overlap`, a bucket is all-reduced on a communication thread as soon as its last
-  gradient is complete, while backward goes on with the layers below. The communicator is
+- The gradients lie back to back in one flat vector (`Layout`), the parameters last first,
+  the order backward completes them in. Buckets of `bucket_mb` megabytes (PyTorch's
+  `bucket_cap_mb`) cut the vector, across parameter boundaries where they fall, and each
+  bucket is one all-reduce. A bucket is complete when all of its elements have arrived.
+- With `overlap`, a complete bucket is all-reduced on a communication thread while backward
+  goes on with the layers below; without, on the main thread at once. The communicator is
   not thread-safe, so during backward only that thread calls collectives; the main thread
   waits for every bucket before backward returns.
+- With `grad_dtype="float16"`, gradients travel in half precision (compress.py): half the
+  bytes, at the cost of two conversions and float16 arithmetic.
 - Inside `with ddp.no_sync():` gradients only accumulate locally (gradient accumulation);
   the first backward outside it averages everything accumulated.
 
-When `loss.backward()` returns, `.grad` of every parameter is the average over ranks. A
-parameter that gets no gradient stalls its bucket; the next forward reports it, as PyTorch's
-"Expected to have finished reduction in the prior iteration" does.
+When `loss.backward()` returns, `.grad` of every parameter is the average over ranks (a view
+of the flat vector). A parameter that gets no gradient stalls its bucket; the next forward
+reports it, as PyTorch's "Expected to have finished reduction in the prior iteration" does.
 
 Averaging weighs every rank alike. When the shards differ in size, scale each rank's loss
 so the average is the global batch's mean: sum over the rank's samples * size / global batch
@@ -26,6 +29,8 @@ so the average is the global batch's mean: sum over the rank's samples * size / 
 Overlap pays where the communication thread finds a free core. Where every rank already
 keeps a core busy (2 ranks on 2 cores), the thread competes with backward for it, and
 `overlap=False` can be as fast or faster: the benchmark shows which.
+
+ZeRO (zero.py) is this class with another collective per bucket: a reduce-scatter.
 """
 
 from __future__ import annotations
@@ -34,106 +39,116 @@ import queue
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Iterator
 
 import numpy
 
 from collectives import Communicator
 
+from .compress import GRAD_DTYPES, from_float16, to_float16
 from .nn import Module
 from .tensor import Tensor
 
 
 @dataclass
-class Bucket:
-    """Parameters whose gradients travel together, and the flat buffer they travel in."""
+class Layout:
+    """Where each parameter's gradient lies in the flat vector, and the buckets that cut it."""
 
+    names: list[str]  # the parameters, last first
     params: list[Tensor]
-    offsets: list[int]
-    flat: Any  # device (or host) array holding the gradients back to back
-    host: Any | None = None  # host copy, when the transport cannot move device arrays
-    ready: int = 0  # how many of `params` have their gradient copied into `flat`
-    names: list[str] = field(default_factory=list)
+    offsets: list[int]  # where each starts
+    real: int  # elements of all parameters
+    size: int  # `real` padded to a multiple of the alignment: zeros at the end
+    bucket: int  # elements per bucket, a multiple of the alignment (the last may be shorter)
+    buckets: list[tuple[int, int]]  # [lo, hi) of each, in the order they are reduced
 
-    def views(self) -> Iterator[tuple[Tensor, Any]]:
-        """(parameter, its slice of `flat` in the parameter's shape)."""
-        for param, offset in zip(self.params, self.offsets):
-            yield param, self.flat[offset: offset + param.data.size].reshape(param.shape)
-
-
-def make_buckets(named_params: list[tuple[str, Tensor]], bucket_bytes: int) -> list[Bucket]:
-    """Group parameters, last first, into buckets of at least one parameter and about
-    `bucket_bytes` each; one dtype per bucket."""
-    buckets: list[Bucket] = []
-    group: list[tuple[str, Tensor]] = []
-    nbytes = 0
-    for name, param in reversed(named_params):
-        full = nbytes + param.data.nbytes > bucket_bytes
-        if group and (full or param.dtype != group[0][1].dtype):
-            buckets.append(_bucket(group))
-            group, nbytes = [], 0
-        group.append((name, param))
-        nbytes += param.data.nbytes
-    if group:
-        buckets.append(_bucket(group))
-    return buckets
+    def pieces(self, i: int) -> list[tuple[int, int, int]]:
+        """(bucket, lo, hi): the parts of parameter `i`'s range [lo, hi) in each bucket."""
+        start, end = self.offsets[i], self.offsets[i] + self.params[i].data.size
+        return [(k, max(start, k * self.bucket), min(end, (k + 1) * self.bucket))
+                for k in range(start // self.bucket, -(-end // self.bucket))]
 
 
-def _bucket(group: list[tuple[str, Tensor]]) -> Bucket:
-    params = [param for _, param in group]
-    offsets = numpy.cumsum([0] + [p.data.size for p in params[:-1]]).tolist()
-    flat = params[0].xp.empty(sum(p.data.size for p in params), params[0].dtype)
-    return Bucket(params, offsets, flat, names=[name for name, _ in group])
+def flat_layout(named_params: list[tuple[str, Tensor]], bucket_bytes: int,
+                align: int = 1) -> Layout:
+    """Lay the parameters out last first; buckets of about `bucket_bytes`, each a multiple of
+    `align` elements, and the whole padded to a multiple of `align` (ZeRO's rank count)."""
+    if len({p.dtype for _, p in named_params}) > 1:
+        raise ValueError("every parameter must have the same dtype: the gradients travel in "
+                         "one flat vector")
+    ordered = list(reversed(named_params))
+    sizes = [p.data.size for _, p in ordered]
+    real = sum(sizes)
+    size = -(-real // align) * align
+    itemsize = ordered[0][1].data.itemsize if ordered else 1
+    bucket = max(align, bucket_bytes // itemsize // align * align)
+    return Layout([n for n, _ in ordered], [p for _, p in ordered],
+                  numpy.cumsum([0] + sizes[:-1]).tolist() if ordered else [], real, size,
+                  bucket, [(lo, min(lo + bucket, size)) for lo in range(0, size, bucket)])
 
 
 class DistributedDataParallel(Module):
     """Wrap `module` so that backward leaves gradients averaged over the ranks of `comm`."""
 
+    sharded = False  # ZeRO reduce-scatters and needs its machinery even on one rank
+
     def __init__(self, module: Module, comm: Communicator, bucket_mb: float = 25.0,
-                 overlap: bool = True) -> None:
+                 overlap: bool = True, grad_dtype: str = "float32") -> None:
         if bucket_mb <= 0:
             raise ValueError(f"bucket_mb must be positive, got {bucket_mb}")
-        self.module = module
-        self.comm = comm
-        self.overlap = overlap
-        self.comm_seconds = 0.0  # time spent inside all-reduce calls, on whichever thread
-        # The buckets, in the order they are all-reduced (last parameters first).
-        self.buckets = make_buckets(list(module.named_parameters()), int(bucket_mb * 2**20))
+        if grad_dtype not in GRAD_DTYPES:
+            raise ValueError(f"grad_dtype must be one of {GRAD_DTYPES}, got {grad_dtype!r}")
+        self.module, self.comm, self.overlap = module, comm, overlap
+        self.half = grad_dtype == "float16"
+        self.comm_seconds = 0.0  # time spent inside collectives, on whichever thread
+        self.layout = flat_layout(list(module.named_parameters()), int(bucket_mb * 2**20),
+                                  comm.size if self.sharded else 1)
         self._sync = True
-        self._next = 0  # the next bucket to all-reduce: buckets go in order on every rank
         self._thread: threading.Thread | None = None
-        if comm.size == 1:  # nothing to average: the wrapper stays out of the way
-            return
-        # Each bucket's buffer in registered memory, so that peers reduce straight out of it
-        # (see Communicator.empty); device gradients are staged through host memory when the
-        # communicator moves host arrays.
-        staged = bool(self.buckets) and self.buckets[0].params[0].xp is not numpy \
-            and comm.device == "cpu"
-        for bucket in self.buckets:
-            if staged:
-                bucket.host = comm.empty(bucket.flat.shape, bucket.flat.dtype)
-            else:
-                bucket.flat = comm.empty(bucket.flat.shape, bucket.flat.dtype)
-        self._broadcast_parameters()
-        for bucket in self.buckets:
-            for param in bucket.params:
-                param.register_hook(self._grad_ready)
-        self._where = {id(p): (b, offset) for b in self.buckets
-                       for p, offset in zip(b.params, b.offsets)}
-        if overlap and self.buckets:
-            self._todo: queue.SimpleQueue[Bucket | None] = queue.SimpleQueue()
+        self._arrived: set[int] = set()  # indices of the parameters whose gradient is in
+        self.grads: Any = None  # the flat gradient vector, where one is kept
+        self._host: Any = None  # its copy in host memory, where it must travel through one
+        self._half: Any = None  # a bucket in float16, to send
+        if (comm.size == 1 and not self.sharded) or not self.layout.params:
+            return  # nothing to average: the wrapper stays out of the way
+        xp = self.layout.params[0].xp
+        # Device gradients are staged through host memory when the communicator moves host
+        # arrays (plain averaging only).
+        staged = xp is not numpy and comm.device == "cpu"
+        if staged and (self.sharded or self.half):
+            raise ValueError("ZeRO and float16 gradients need a communicator that moves the "
+                             "parameters' arrays (device='cuda' for CuPy)")
+        self._broadcast_parameters(staged)
+        self._allocate(xp, staged)
+        if staged:
+            self._host = comm.zeros(self.layout.size, self.grads.dtype)
+        if self.half:  # one bucket at a time is in flight, so one buffer serves every bucket
+            self._half = comm.empty(self.layout.buckets[0][1], numpy.float16)
+        buckets = self.layout.buckets
+        self._filled = [0] * len(buckets)  # elements of each bucket in place
+        self._need = [min(hi, self.layout.real) - lo for lo, hi in buckets]
+        self._launched = self._completed = 0  # buckets go in order on every rank
+        self._where = {id(p): i for i, p in enumerate(self.layout.params)}
+        for param in self.layout.params:
+            param.register_hook(self._grad_ready)
+        if self.grads is not None:  # backward computes weight gradients straight into place
+            for param, view in zip(self.layout.params, self._views()):
+                param.grad_out = view
+        if overlap:
+            self._todo: queue.SimpleQueue[int | None] = queue.SimpleQueue()
             self._done: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
             self._thread = threading.Thread(target=self._communicate, daemon=True,
                                             name=f"ddp-comm-rank-{comm.rank}")
             self._thread.start()
 
     def forward(self, x: Tensor) -> Tensor:
-        stalled = [name for b in self.buckets if b.ready for name in b.names]
-        if stalled:
+        if self._arrived:
+            missing = [name for i, name in enumerate(self.layout.names)
+                       if i not in self._arrived]
             raise RuntimeError("the previous backward did not finish averaging gradients: "
                                "every parameter must get a gradient in every backward "
-                               f"(bucket holding {stalled} was left incomplete)")
+                               f"({missing} got none)")
         return self.module(x)
 
     @contextmanager
@@ -144,6 +159,14 @@ class DistributedDataParallel(Module):
             yield
         finally:
             self._sync = previous
+
+    def memory_bytes(self) -> dict[str, int]:
+        """Bytes this rank keeps for the parameters and for their gradients between steps."""
+        params = sum(p.data.nbytes for p in self.layout.params)
+        if self.grads is None:  # one rank: the gradients stay in the parameters' `.grad`
+            return {"parameters": params, "gradients": params}
+        kept = [self.grads, self._host, self._half]
+        return {"parameters": params, "gradients": sum(b.nbytes for b in kept if b is not None)}
 
     def close(self) -> None:
         """Stop the communication thread. The wrapper cannot average afterwards."""
@@ -158,71 +181,116 @@ class DistributedDataParallel(Module):
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
 
+    # ---- what ZeRO changes -----------------------------------------------------------------
+
+    def _allocate(self, xp: Any, staged: bool) -> None:
+        """The flat gradient vector, in registered memory so that peers reduce straight out of
+        it (see Communicator.empty), unless it must be staged through host memory."""
+        allocate = xp.zeros if staged else self.comm.zeros
+        self.grads = allocate(self.layout.size, self.layout.params[0].dtype)
+
+    def _bucket(self, k: int) -> Any:
+        """Where bucket `k`'s gradients are gathered before its collective."""
+        lo, hi = self.layout.buckets[k]
+        return self.grads[lo:hi]
+
+    def _reduce(self, k: int) -> None:
+        """Bucket `k`'s collective: average it over the ranks, in place."""
+        grads, comm = self._bucket(k), self.comm
+        if self._host is not None:
+            lo, hi = self.layout.buckets[k]
+            host = self._host[lo:hi]
+            grads.get(out=host)
+            comm.all_reduce(host, host, op="avg")
+            grads.set(host)
+        elif self.half:
+            half = self._half[:grads.size]
+            scale = to_float16(comm, grads, half)
+            comm.all_reduce(half, half, op="sum")
+            from_float16(half, scale * comm.size, grads)
+        else:
+            comm.all_reduce(grads, grads, op="avg")
+
+    def _hand_out(self) -> None:
+        """After the last bucket: each parameter's `.grad` becomes its averaged gradient."""
+        for param, view in zip(self.layout.params, self._views()):
+            param.grad = view
+
+    def _views(self) -> list[Any]:
+        """Each parameter's part of the flat gradient vector, in its shape."""
+        return [self.grads[offset: offset + param.data.size].reshape(param.shape)
+                for param, offset in zip(self.layout.params, self.layout.offsets)]
+
+    def _broadcast_parameters(self, staged: bool) -> None:
+        """Give every rank rank 0's parameters."""
+        for param in self.layout.params:
+            if staged:
+                host = param.data.get()
+                self.comm.broadcast(host, root=0)
+                param.data.set(host)
+            else:
+                self.comm.broadcast(param.data, root=0)
+
     # ---- inside backward -------------------------------------------------------------------
 
     def _grad_ready(self, param: Tensor) -> None:
-        """Hook: `param`'s gradient is complete. Start every bucket that is now full."""
+        """Hook: `param`'s gradient is complete. Copy it in; start every complete bucket."""
         if not self._sync:
             return
-        bucket, offset = self._where[id(param)]
-        bucket.flat[offset: offset + param.data.size] = param.grad.reshape(-1)
-        bucket.ready += 1
-        while self._next < len(self.buckets) and \
-                self.buckets[self._next].ready == len(self.buckets[self._next].params):
-            if self.overlap:
-                self._todo.put(self.buckets[self._next])
-            self._next += 1
-        if self._next == len(self.buckets):
+        i = self._where[id(param)]
+        grad, start = param.grad.reshape(-1), self.layout.offsets[i]
+        copy = param.grad is not param.grad_out  # else backward wrote it in place
+        for k, lo, hi in self.layout.pieces(i):
+            if copy:
+                bucket_lo = self.layout.buckets[k][0]
+                self._bucket(k)[lo - bucket_lo: hi - bucket_lo] = grad[lo - start: hi - start]
+            self._filled[k] += hi - lo
+            self._launch_complete()  # at once: ZeRO-2 reuses a bucket's buffer two buckets on
+        self._arrived.add(i)
+        if self.sharded:  # the gradient lives on only as this rank's shard
+            param.grad = None
+        if self._launched == len(self._filled):
             self._finish()
+
+    def _launch_complete(self) -> None:
+        """Start the complete buckets, in order."""
+        while self._launched < len(self._filled) and \
+                self._filled[self._launched] == self._need[self._launched]:
+            if self.overlap:
+                self._todo.put(self._launched)
+            else:
+                self._run(self._launched)
+                self._completed += 1
+            self._launched += 1
+
+    def _wait(self, buckets: int) -> None:
+        """Return once the first `buckets` buckets are reduced; raise a failure of theirs."""
+        while self._completed < buckets:
+            error = self._done.get()
+            self._completed += 1
+            if error is not None:
+                raise error
 
     def _finish(self) -> None:
         """Every bucket is launched: wait for them, then hand out the averaged gradients."""
-        self._next = 0
-        for bucket in self.buckets:
-            bucket.ready = 0
-        if self.overlap:
-            errors = [self._done.get() for _ in self.buckets]
-            first = next((e for e in errors if e is not None), None)
-            if first is not None:
-                raise first
-        else:
-            for bucket in self.buckets:
-                self._all_reduce(bucket)
-        for bucket in self.buckets:
-            for param, view in bucket.views():
-                param.grad = view
+        self._wait(len(self._filled))
+        self._launched = self._completed = 0
+        self._filled = [0] * len(self._filled)
+        self._arrived = set()
+        self._hand_out()
+
+    def _run(self, k: int) -> None:
+        start = time.perf_counter()
+        self._reduce(k)
+        self.comm_seconds += time.perf_counter() - start
 
     def _communicate(self) -> None:
-        """The communication thread: all-reduce buckets in the order they come."""
-        if self.buckets[0].params[0].xp is not numpy:
-            self.buckets[0].flat.device.use()  # CUDA's current device is per thread
-        while (bucket := self._todo.get()) is not None:
+        """The communication thread: reduce buckets in the order they come."""
+        if self.layout.params[0].xp is not numpy:
+            self.layout.params[0].data.device.use()  # CUDA's current device is per thread
+        while (k := self._todo.get()) is not None:
             try:
-                self._all_reduce(bucket)
+                self._run(k)
                 self._done.put(None)
             except BaseException as error:  # noqa: BLE001 - raised again on the main thread
                 self._done.put(error)
-
-    def _all_reduce(self, bucket: Bucket) -> None:
-        start = time.perf_counter()
-        self._on_transport(bucket, lambda buf: self.comm.all_reduce(buf, buf, op="avg"))
-        self.comm_seconds += time.perf_counter() - start
-
-    def _broadcast_parameters(self) -> None:
-        """Give every rank rank 0's parameters, one broadcast per bucket."""
-        for bucket in self.buckets:
-            for param, view in bucket.views():
-                view[...] = param.data
-            self._on_transport(bucket, lambda buf: self.comm.broadcast(buf, root=0))
-            for param, view in bucket.views():
-                param.data[...] = view
-
-    @staticmethod
-    def _on_transport(bucket: Bucket, collective: Callable[[Any], Any]) -> None:
-        """Run `collective` on the bucket's buffer, through host memory if it must."""
-        if bucket.host is None:
-            collective(bucket.flat)
-        else:
-            bucket.flat.get(out=bucket.host)
-            collective(bucket.host)
-            bucket.flat.set(bucket.host)

@@ -12,6 +12,11 @@ whatever is computed from them) take part in backward: data and labels cost noth
 A hook registered on a tensor with `register_hook(fn)` runs as `fn(tensor)` the moment its
 gradient is complete during backward. Data parallelism uses it to start reducing a layer's
 gradients while the layers below are still being differentiated.
+
+`grad_out`, when set on a tensor, is an array of its shape, its own, that the gradient
+terms of matrix products go straight into (the first written there, the next ones added in
+place): data parallelism points it at the tensor's place in the buffer that gradients travel
+in, which saves a copy of every weight gradient.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ class Tensor:
         self._backward: Callable[[], None] = lambda: None
         self._op = _op
         self._hooks: list[Callable[[Tensor], None]] = []
+        self.grad_out: Any | None = None
 
     @property
     def xp(self) -> Any:
@@ -173,13 +179,24 @@ class Tensor:
 
         def _backward() -> None:
             if self.requires_grad:
-                self._accumulate(_unbroadcast(out.grad @ other.data.swapaxes(-1, -2),
-                                              self.shape))
+                self._accumulate_product(out.grad, other.data.swapaxes(-1, -2))
             if other.requires_grad:
-                other._accumulate(_unbroadcast(self.data.swapaxes(-1, -2) @ out.grad,
-                                               other.shape))
+                other._accumulate_product(self.data.swapaxes(-1, -2), out.grad)
         out._backward = _backward
         return out
+
+    def _accumulate_product(self, a: Any, b: Any) -> None:
+        """Add a @ b (summed down to this tensor's shape) to the gradient; into `grad_out`
+        where it needs no summing: the first term lands there, the next ones add up there
+        (the buffer is this tensor's own, so in place is safe)."""
+        if self.grad_out is None or not a.ndim == b.ndim == self.data.ndim:
+            self._accumulate(_unbroadcast(a @ b, self.shape))
+        elif self.grad is None:
+            self.grad = self.xp.matmul(a, b, out=self.grad_out)
+        elif self.grad is self.grad_out:
+            self.grad += a @ b
+        else:
+            self._accumulate(a @ b)
 
     def sum(self, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Tensor:
         out = self._child(self.data.sum(axis=axis, keepdims=keepdims), (self,), "sum")
