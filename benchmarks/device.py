@@ -57,8 +57,8 @@ class CopyPeer:
     bandwidthTest counts both, reporting twice this.)
     """
 
-    def __init__(self, xp: ModuleType, rank: int) -> None:
-        self.xp, self.rank = xp, rank
+    def __init__(self, xp: ModuleType, rank: int, size: int = 1) -> None:
+        self.xp, self.rank, self.size = xp, rank, size
         self.target: Any = None
 
     def _copy(self, *buffers: Any) -> None:
@@ -83,6 +83,21 @@ class CopyPeer:
         self._copy(sendbuf, recvbuf)
 
     def reduce_scatter(self, sendbuf: Any, recvbuf: Any, op: str = "sum") -> None:
+        self._copy(sendbuf, recvbuf)
+
+    def gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
+        self._copy(sendbuf, recvbuf)
+
+    def reduce(self, sendbuf: Any, recvbuf: Any, op: str = "sum", root: int = 0) -> None:
+        self._copy(sendbuf, recvbuf)
+
+    def all_to_all(self, sendbuf: Any, recvbuf: Any) -> None:
+        self._copy(sendbuf, recvbuf)
+
+    def scan(self, sendbuf: Any, recvbuf: Any, op: str = "sum") -> None:
+        self._copy(sendbuf, recvbuf)
+
+    def sendrecv(self, sendbuf: Any, dst: int, recvbuf: Any, src: int) -> None:
         self._copy(sendbuf, recvbuf)
 
     def close(self) -> None:

@@ -45,6 +45,13 @@ MODELS: dict[str, tuple[str, Model]] = {
     "broadcast": ("(m+N-2) a + (m+N-2) S/m b, m = S/segment", _broadcast),
     "scatter": ("2(N-1) a + (N-1)/N S b (a header before each block)",
                 lambda n, s, seg: (2 * (n - 1), (n - 1) / n * s + (n - 1) * HEADER_BYTES)),
+    "gather": ("(N-1) a + (N-1)/N S b", lambda n, s, seg: (n - 1, (n - 1) / n * s)),
+    "reduce": ("2(N-1) a + 2(N-1)/N S b (the root's ring, then its gather)",
+               lambda n, s, seg: (2 * (n - 1), 2 * (n - 1) / n * s)),
+    "all_to_all": ("(N-1) a + (N-1)/N S b", lambda n, s, seg: (n - 1, (n - 1) / n * s)),
+    "scan": ("L a + L S b, L = ceil(log2 N)",
+             lambda n, s, seg: ((n - 1).bit_length(), (n - 1).bit_length() * s)),
+    "sendrecv": ("a + S b", lambda n, s, seg: (1, s)),
 }
 
 

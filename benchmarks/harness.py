@@ -41,7 +41,7 @@ import sys
 
 import numpy
 
-from .measure import measure_size
+from .measure import measure_size, warm_up
 from .options import Collective, buffer_bytes, cases, counts, parse_args
 from .peers import open_impls, register
 from .report import format_row, header, summary, versions, write_csv, write_json
@@ -85,11 +85,17 @@ def main(collective: Collective, argv: list[str] | None = None) -> int:
         if rank == 0:
             print(header(collective, args, impls, meta, ranks_at, notes + peer_notes), flush=True)
         rows = []
+        for impl in impls:
+            if not hasattr(impl.comm, collective.name):
+                say(f"# {impl.name} does not do {collective.name}: not measured")
         for dtype, op in pairs:
             for impl in impls:
-                if dtype not in impl.dtypes:
+                if hasattr(impl.comm, collective.name) and dtype not in impl.dtypes:
                     say(f"# {impl.name} cannot move {dtype}: not measured")
-            for count in counts(collective, args.sizes, numpy.dtype(dtype).itemsize, ranks):
+            sizes = counts(collective, args.sizes, numpy.dtype(dtype).itemsize, ranks)
+            if (dtype, op) == pairs[0]:
+                warm_up(collective, impls, sizes, dtype, op, root, args, world)
+            for count in sizes:
                 measured = measure_size(collective, impls, count, dtype, op, root, args, world)
                 rows += [row for row in measured.values() if row is not None]
                 say(format_row(measured, impls), flush=True)

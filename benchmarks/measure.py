@@ -5,7 +5,12 @@ rank must hold comes from a NumPy reference (`reduce_ranks` for the reductions).
 timed, an implementation makes one call into a poisoned result buffer and the wrong elements are
 counted over ranks: the #wrong column.
 
-time:  mean per call over -n iterations (after -w warm-up ones), the slowest rank's.
+time:  mean per call over -n iterations (after -w warm-up ones), the slowest rank's. Every
+       implementation is checked and warmed up on a size's buffers before any is timed, and
+       before the first size each makes -w calls at the largest size and the smallest, as
+       nccl-tests does: otherwise the cold start (the job's, and each size's fresh buffers:
+       pages mapped on first touch, the interpreter and the machine warming up) falls on
+       whichever is timed first.
 algbw: bytes / time.
 busbw: algbw * the collective's factor (all-reduce 2(n-1)/n, ...): what each rank's link
        carries, so it can be held against the link's bandwidth whatever the collective and
@@ -135,11 +140,13 @@ def place(impl: Impl, send: numpy.ndarray, recv: numpy.ndarray,
     return on_send, on_send if recv is send else fill("recv", recv), impl.xp.asarray(own)
 
 
-def measure(impl: Impl, collective: Collective, send: numpy.ndarray, recv: numpy.ndarray,
-            own: numpy.ndarray, expected: numpy.ndarray | None, op: str, root: int,
-            args: argparse.Namespace, world: MPI.Comm) -> tuple[float, int | None]:
-    """Check once (when `expected` is given), then time: (mean us per call on the slowest
-    rank, elements wrong summed over ranks or None when unchecked)."""
+def prepare(impl: Impl, collective: Collective, send: numpy.ndarray, recv: numpy.ndarray,
+            own: numpy.ndarray, check: bool, expected: numpy.ndarray | None, op: str,
+            root: int, args: argparse.Namespace,
+            world: MPI.Comm) -> tuple[Callable[[], None], int | None]:
+    """Place the buffers, check once (with `check`, every rank alike; `expected` None on a rank
+    that gets no result, as a gather's non-roots) and warm up: the call to time, and the
+    elements wrong summed over ranks (None when unchecked)."""
     from mpi4py import MPI
 
     send, recv, own = place(impl, send, recv, own)
@@ -148,23 +155,48 @@ def measure(impl: Impl, collective: Collective, send: numpy.ndarray, recv: numpy
         collective.run(impl.comm, send, recv, op, root)
 
     wrong = None
-    if expected is not None:
+    if check:
         send[...] = own  # an in-place call (recv is send) has overwritten it
-        if recv is not send:
+        if recv is not send and expected is not None:
             poison(recv, expected)
         call()
-        wrong = int(reduce_scalar(world, count_wrong(to_numpy(recv), expected, world.size),
-                                  MPI.SUM))
+        here = 0 if expected is None else count_wrong(to_numpy(recv), expected, world.size)
+        wrong = int(reduce_scalar(world, here, MPI.SUM))
     for _ in range(args.warmup_iters):
         call()
     device.synchronize(impl.xp)
+    return call, wrong
+
+
+def time_calls(call: Callable[[], None], impl: Impl, args: argparse.Namespace,
+               world: MPI.Comm) -> float:
+    """Mean us per call over -n iterations, the slowest rank's."""
+    from mpi4py import MPI
+
     settle(world.Ibarrier())
     start = time.perf_counter()
     for _ in range(args.iters):
         call()
     device.synchronize(impl.xp)
     elapsed = (time.perf_counter() - start) / args.iters
-    return reduce_scalar(world, elapsed, MPI.MAX) * 1e6, wrong
+    return reduce_scalar(world, elapsed, MPI.MAX) * 1e6
+
+
+def warm_up(collective: Collective, impls: list[Impl], counts: list[int], dtype: str, op: str,
+            root: int, args: argparse.Namespace, world: MPI.Comm) -> None:
+    """-w untimed calls of every implementation at the largest count, then at the smallest
+    (nccl-tests' warm-up before its sizes)."""
+    rank, ranks = world.Get_rank(), world.Get_size()
+    for count in dict.fromkeys((max(counts), min(counts))):
+        send_shape, recv_shape = collective.shapes(count, ranks)
+        send = rank_data(rank, send_shape, dtype, op)
+        recv = send if recv_shape is None else numpy.empty(recv_shape, dtype)
+        for impl in impls:
+            if impl.can(collective.name, dtype):
+                on_send, on_recv, _ = place(impl, send, recv, send)
+                for _ in range(args.warmup_iters):
+                    collective.run(impl.comm, on_send, on_recv, op, root)
+                device.synchronize(impl.xp)
 
 
 def measure_size(collective: Collective, impls: list[Impl], count: int, dtype: str, op: str,
@@ -179,13 +211,19 @@ def measure_size(collective: Collective, impls: list[Impl], count: int, dtype: s
     expected = None if not args.check else collective.expected(
         lambda r: rank_data(r, send_shape, dtype, op), rank, ranks, op, root)
     nbytes = count * numpy.dtype(dtype).itemsize
+    # Every implementation is checked and warmed up on these buffers before any is timed, so
+    # that none is timed while they are still cold and the next one finds them warm.
+    ready = {impl.name: prepare(impl, collective, send, recv, own,
+                                bool(args.check) and not impl.reference, expected, op, root,
+                                args, world)
+             for impl in impls if impl.can(collective.name, dtype)}
     measured: dict[str, dict | None] = {}
     for impl in impls:
-        if dtype not in impl.dtypes:
+        if impl.name not in ready:
             measured[impl.name] = None
             continue
-        time_us, wrong = measure(impl, collective, send, recv, own,
-                                 None if impl.reference else expected, op, root, args, world)
+        call, wrong = ready[impl.name]
+        time_us = time_calls(call, impl, args, world)
         algbw = nbytes / time_us / 1e3
         factor = 1.0 if impl.reference else collective.bus_factor(ranks)
         measured[impl.name] = {

@@ -32,7 +32,9 @@ class Collective:
     input) and a recv shape of None means the call works in place on the send buffer.
     run(comm, send, recv, op, root) makes the call on a Communicator or a peer.
     expected(data, rank, ranks, op, root) is what `rank`'s result must hold, where data(r) is
-    rank r's send buffer.
+    rank r's send buffer, or None where the rank gets no result (a gather's other ranks).
+    The harness calls the method named `name` on each implementation: one without it does
+    not do the collective and is not measured.
     """
 
     name: str

@@ -45,6 +45,10 @@ class Impl:
     reference: bool = False  # a bound (copy, memory), not the collective: unchecked, busbw = algbw
     registered: dict[str, Any] | None = None  # --registered 1: flat bytes per role, see `register`
 
+    def can(self, collective: str, dtype: str) -> bool:
+        """Whether it has the collective (a method of that name) and moves `dtype`."""
+        return hasattr(self.comm, collective) and dtype in self.dtypes
+
 
 class MPIPeer:
     """The MPI library's own collectives, through mpi4py's buffer methods on a Dup'd
@@ -54,13 +58,13 @@ class MPIPeer:
         from mpi4py import MPI
 
         self.comm = world.Dup()
-        self.size = self.comm.Get_size()
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.ops = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX,
                     "avg": MPI.SUM}
 
-    def _average(self, buf: numpy.ndarray, op: str) -> None:
+    def _average(self, buf: numpy.ndarray, op: str, ranks: int | None = None) -> None:
         if op == "avg":  # MPI has no average: sum, then divide once, as ringcc does
-            numpy.divide(buf, self.size, out=buf)
+            numpy.divide(buf, ranks or self.size, out=buf)
 
     def all_reduce(self, sendbuf: numpy.ndarray, recvbuf: numpy.ndarray, op: str = "sum") -> None:
         self.comm.Allreduce(sendbuf, recvbuf, self.ops[op])
@@ -79,6 +83,26 @@ class MPIPeer:
                        op: str = "sum") -> None:
         self.comm.Reduce_scatter_block(sendbuf, recvbuf, self.ops[op])
         self._average(recvbuf, op)
+
+    def gather(self, sendbuf: numpy.ndarray, recvbuf: numpy.ndarray, root: int = 0) -> None:
+        self.comm.Gather(sendbuf, recvbuf, root)
+
+    def reduce(self, sendbuf: numpy.ndarray, recvbuf: numpy.ndarray, op: str = "sum",
+               root: int = 0) -> None:
+        self.comm.Reduce(sendbuf, recvbuf, self.ops[op], root)
+        if self.rank == root:
+            self._average(recvbuf, op)
+
+    def all_to_all(self, sendbuf: numpy.ndarray, recvbuf: numpy.ndarray) -> None:
+        self.comm.Alltoall(sendbuf, recvbuf)
+
+    def scan(self, sendbuf: numpy.ndarray, recvbuf: numpy.ndarray, op: str = "sum") -> None:
+        self.comm.Scan(sendbuf, recvbuf, self.ops[op])
+        self._average(recvbuf, op, self.rank + 1)
+
+    def sendrecv(self, sendbuf: numpy.ndarray, dst: int, recvbuf: numpy.ndarray,
+                 src: int) -> None:
+        self.comm.Sendrecv(sendbuf, dst, recvbuf=recvbuf, source=src)
 
     def close(self) -> None:
         self.comm.Free()
@@ -109,7 +133,7 @@ class GlooPeer:
             store = dist.TCPStore(address, port, size, is_master=False)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=size,
                                 timeout=timedelta(seconds=300))
-        self.rank = rank
+        self.rank, self.size = rank, size
         self.ops = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT,
                     "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX, "avg": dist.ReduceOp.AVG}
         # The names of torch >= 2.13, else the older ones.
@@ -138,6 +162,25 @@ class GlooPeer:
                        op: str = "sum") -> None:
         self._reduce_scatter(self._tensor(recvbuf), self._tensor(sendbuf), op=self.ops[op])
 
+    def gather(self, sendbuf: numpy.ndarray, recvbuf: numpy.ndarray, root: int = 0) -> None:
+        rows = list(self.torch.from_numpy(recvbuf)) if self.rank == root else None
+        self.dist.gather(self._tensor(sendbuf), rows, dst=root)
+
+    def reduce(self, sendbuf: numpy.ndarray, recvbuf: numpy.ndarray, op: str = "sum",
+               root: int = 0) -> None:
+        numpy.copyto(recvbuf, sendbuf)  # Gloo reduces in place, into the root's tensor
+        self.dist.reduce(self._tensor(recvbuf), dst=root, op=self.ops[op])
+
+    def all_to_all(self, sendbuf: numpy.ndarray, recvbuf: numpy.ndarray) -> None:
+        self.dist.all_to_all_single(self._tensor(recvbuf), self._tensor(sendbuf))
+
+    def sendrecv(self, sendbuf: numpy.ndarray, dst: int, recvbuf: numpy.ndarray,
+                 src: int) -> None:
+        sends = [self.dist.isend(self._tensor(sendbuf), dst),
+                 self.dist.irecv(self._tensor(recvbuf), src)]
+        for request in sends:
+            request.wait()
+
     def close(self) -> None:
         self.dist.destroy_process_group()
 
@@ -154,6 +197,12 @@ class MemoryPeer:
         broadcast       copy S on every rank but the root, whose buffer already holds it
         scatter         copy S/n: the rank's block written
         reduce_scatter  reduce its block of S/n from the n inputs (the first add writing it)
+        gather          copy S at the root: the whole result written; nothing elsewhere
+        reduce          reduce its S/n share of the n inputs; the root then copies the other
+                        (n-1)/n S of the result
+        all_to_all      copy S: the whole result written
+        scan            rank r reduces the r+1 inputs of ranks 0..r (the first add writing S)
+        sendrecv        copy S: the message written into place
 
     That is what a rank must at least read and write when it can read its peers' memory in
     place: no algorithm moves less. The add is numpy.add whatever the op: other ops move the
@@ -172,12 +221,14 @@ class MemoryPeer:
             buffer = self.buffers[name] = numpy.ones(shape, like.dtype)  # no page faults later
         return buffer
 
-    def _work(self, like: numpy.ndarray, reduced: int, copied: int) -> None:
-        """Reduce n blocks of `reduced` elements into one, then copy `copied` elements."""
+    def _work(self, like: numpy.ndarray, reduced: int, copied: int,
+              inputs: int | None = None) -> None:
+        """Reduce `inputs` (default n) blocks of `reduced` elements into one, then copy `copied`
+        elements."""
         if reduced:
-            inputs = self._buffer("inputs", (self.size, reduced), like)
+            inputs = self._buffer("inputs", (inputs or self.size, reduced), like)
             out = self._buffer("reduced", (reduced,), like)
-            if self.size == 1:
+            if len(inputs) == 1:
                 numpy.copyto(out, inputs[0])
             else:
                 numpy.add(inputs[0], inputs[1], out=out)
@@ -203,6 +254,25 @@ class MemoryPeer:
     def reduce_scatter(self, sendbuf: numpy.ndarray, recvbuf: numpy.ndarray,
                        op: str = "sum") -> None:
         self._work(recvbuf, recvbuf.size, 0)
+
+    def gather(self, sendbuf: numpy.ndarray, recvbuf: numpy.ndarray, root: int = 0) -> None:
+        if self.rank == root:
+            self._work(recvbuf, 0, recvbuf.size)
+
+    def reduce(self, sendbuf: numpy.ndarray, recvbuf: numpy.ndarray, op: str = "sum",
+               root: int = 0) -> None:
+        share = -(-recvbuf.size // self.size)
+        self._work(recvbuf, share, recvbuf.size - share if self.rank == root else 0)
+
+    def all_to_all(self, sendbuf: numpy.ndarray, recvbuf: numpy.ndarray) -> None:
+        self._work(recvbuf, 0, recvbuf.size)
+
+    def scan(self, sendbuf: numpy.ndarray, recvbuf: numpy.ndarray, op: str = "sum") -> None:
+        self._work(recvbuf, recvbuf.size, 0, inputs=self.rank + 1)
+
+    def sendrecv(self, sendbuf: numpy.ndarray, dst: int, recvbuf: numpy.ndarray,
+                 src: int) -> None:
+        self._work(recvbuf, 0, recvbuf.size)
 
     def close(self) -> None:
         self.buffers = {}
@@ -261,7 +331,8 @@ def open_impls(args: argparse.Namespace, world: MPI.Comm,
                 continue
             comm = GlooPeer(world)
         elif peer == "copy":
-            comm = device.CopyPeer(module_for_device(args.device), world.Get_rank())
+            comm = device.CopyPeer(module_for_device(args.device), world.Get_rank(),
+                                   world.Get_size())
         elif peer == "memory":
             comm = MemoryPeer(world.Get_rank(), world.Get_size())
         else:

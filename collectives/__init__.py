@@ -1,4 +1,5 @@
-"""ringcc's collectives: ring all-reduce, all-gather, broadcast, scatter and reduce-scatter.
+"""ringcc's collectives: ring all-reduce, all-gather, broadcast, scatter, reduce-scatter,
+gather, reduce, all-to-all and scan, uneven blocks (`counts=`), and send, recv and sendrecv.
 
     import collectives, numpy as np
     comm = collectives.init()                  # under mpiexec

@@ -2,7 +2,9 @@
 
 In step s, rank r passes block (r - s) to its right neighbour and receives block (r - s - 1)
 from its left (see all_reduce.py for the ring). After N-1 steps every block has gone round the
-ring. Each rank sends and receives (N-1)/N of the output.
+ring. Each rank sends and receives (N-1)/N of the output. Uneven blocks (`counts`, MPI's
+Allgatherv) go round the same ring: each rank then sends every block but the one it would
+receive last.
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ from transports.base import Transport
 from .ring import all_gather_pass
 
 
-def ring_all_gather(transport: Transport, work: Any) -> None:
-    """`work` is the flat output, N equal blocks, block `rank` already filled; fill the rest."""
+def ring_all_gather(transport: Transport, work: Any,
+                    bounds: list[tuple[int, int]] | None = None) -> None:
+    """`work` is the flat output, block `rank` already filled; fill the rest. Block r is at
+    bounds[r], by default N equal blocks."""
     size = transport.size
-    block = work.size // size
-    bounds = [(r * block, (r + 1) * block) for r in range(size)]
+    if bounds is None:
+        block = work.size // size
+        bounds = [(r * block, (r + 1) * block) for r in range(size)]
     all_gather_pass(transport, work, bounds, first=0)

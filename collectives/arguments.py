@@ -60,11 +60,12 @@ def output(buf: Any | None, shape: tuple[int, ...], dtype: Any, xp: ModuleType) 
     return buf
 
 
-def check_root(root: Any, size: int) -> None:
-    """`root` is a rank of a communicator of `size` ranks."""
+def check_root(root: Any, size: int, name: str = "root") -> None:
+    """`root` (or the `dst` or `src` that `name` says) is a rank of a communicator of `size`
+    ranks."""
     if (isinstance(root, bool) or not isinstance(root, (int, numpy.integer))
             or not 0 <= root < size):
-        raise InvalidArgumentError(f"root {root!r} is not a rank in [0, {size})")
+        raise InvalidArgumentError(f"{name} {root!r} is not a rank in [0, {size})")
 
 
 def check_blocks(collective: str, buf: Any, size: int) -> None:

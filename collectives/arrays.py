@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy
 
+from transports.base import buffer_address
 from transports.errors import InvalidArgumentError, InvalidTypeError
 
 
@@ -46,3 +47,9 @@ def flat_work(buf: Any, xp: ModuleType) -> tuple[Any, bool]:
     if buf.flags.c_contiguous:
         return (buf if buf.ndim == 1 else buf.reshape(-1)), False
     return xp.ascontiguousarray(buf).reshape(-1), True
+
+
+def same_memory(a: Any, b: Any, xp: ModuleType) -> bool:
+    """Whether the flat contiguous arrays `a` and `b` are the same bytes (views alike)."""
+    return bool(xp.may_share_memory(a, b)) and a.nbytes == b.nbytes \
+        and buffer_address(a) == buffer_address(b)  # the quick test first: most do not

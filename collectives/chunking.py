@@ -25,3 +25,17 @@ def chunk_bounds(count: int, parts: int) -> list[tuple[int, int]]:
         bounds.append((lo, hi))
         lo = hi
     return bounds
+
+
+def count_bounds(counts: tuple[int, ...] | list[int]) -> list[tuple[int, int]]:
+    """The [lo, hi) range of each block of a buffer cut into blocks of `counts` elements, in
+    order (MPI's displacements of a v-variant, with no gaps).
+
+    >>> count_bounds([2, 0, 3])
+    [(0, 2), (2, 2), (2, 5)]
+    """
+    bounds, lo = [], 0
+    for count in counts:
+        bounds.append((lo, lo + count))
+        lo += count
+    return bounds

@@ -27,13 +27,19 @@ from transports.errors import (CallsDiffer, CollectiveError, InvalidArgumentErro
 
 from .all_gather import ring_all_gather
 from .all_reduce import auto_algorithm, one_shot_all_reduce, ring_all_reduce
-from .arguments import check_blocks, check_buffers, check_root, check_writeable, output
-from .arrays import flat_work
+from .all_to_all import pairwise_all_to_all
+from .arguments import check_buffers, check_root, check_writeable, output
+from .arrays import flat_work, same_memory
+from .blocks import check_counts, exchanged, gathered, split
 from .broadcast import ring_broadcast
-from .check import agree, descriptor, disagreement
+from .check import MessagesDiffer, agree, descriptor, disagreement, pair_agree
+from .gather import gather_to_root
 from .naive import naive_ring_all_reduce, reduce_broadcast_all_reduce
-from .ops import resolve_op
+from .ops import identity, resolve_op
+from .point_to_point import Messages
+from .reduce import reduce_to_root
 from .reduce_scatter import ring_reduce_scatter
+from .scan import recursive_doubling_scan
 from .scatter import scatter_from_root
 
 # The ways `all_reduce` can run besides "auto" (which picks one-shot or the ring by size); the
@@ -41,8 +47,10 @@ from .scatter import scatter_from_root
 ALL_REDUCE_ALGORITHMS = {"ring": ring_all_reduce, "one_shot": one_shot_all_reduce,
                          "naive_ring": naive_ring_all_reduce,
                          "reduce_broadcast": reduce_broadcast_all_reduce}
-# Every call the check tells apart (check.py numbers them by their place here).
+# Every call the check tells apart (check.py numbers them by their place here). Point-to-point
+# calls are checked by the two ranks they concern, not here (check.pair_agree).
 CALLS = ("all_reduce", "all_gather", "broadcast", "scatter", "reduce_scatter", "barrier",
+         "gather", "reduce", "all_to_all", "scan", "scan/exclusive",
          *(f"all_reduce/{name}" for name in ALL_REDUCE_ALGORITHMS))
 _CALL_CODES = {name: code for code, name in enumerate(CALLS)}
 
@@ -51,7 +59,8 @@ def _collective(method: Callable[..., Any]) -> Callable[..., Any]:
     """Break the communicator when `method` fails once messages may be in flight.
 
     Bad arguments (ValueError, TypeError) are raised before anything is sent, or after what
-    was sent has been drained (scatter), so they leave the communicator usable.
+    was sent has been drained (scatter), so they leave the communicator usable; so do the
+    mismatches that the checks find before data moves (CallsDiffer, MessagesDiffer).
     """
     @functools.wraps(method)
     def call(self: Communicator, *args: Any, **kwargs: Any) -> Any:
@@ -61,6 +70,9 @@ def _collective(method: Callable[..., Any]) -> Callable[..., Any]:
         except CallsDiffer as differ:  # every rank raises it, and every message has landed
             self._in_flight = False
             raise MismatchError(disagreement(differ.calls, self.rank, CALLS)) from None
+        except MessagesDiffer as differ:  # both ends raise it, having taken every message
+            self._in_flight = False
+            raise MismatchError(str(differ)) from None
         except BaseException as error:
             if self._in_flight and not isinstance(error, (ValueError, TypeError)):
                 self._broken = f"{self._transport.where} failed ({type(error).__name__}: {error})"
@@ -86,6 +98,7 @@ class Communicator:
         self._broken: str | None = None  # why no more calls can be made, once one failed
         self._ufuncs: dict[tuple[str, Any], Any] = {}  # (op, dtype) -> ufunc, see `_resolve`
         self._descriptors: dict[tuple, tuple[int, ...]] = {}  # a call's descriptor but its seq
+        self._messages = Messages(transport.rank, transport.size)  # point to point, numbered
         if trace:
             transport.trace = []
 
@@ -183,13 +196,7 @@ class Communicator:
         check_buffers(xp, self.transport, sendbuf, recvbuf)
         ufunc = (self._ufuncs.get((op, sendbuf.dtype)) if isinstance(op, str) else None) \
             or self._resolve(op, sendbuf.dtype)
-        if recvbuf is None:
-            recvbuf, in_place = xp.empty(sendbuf.shape, sendbuf.dtype), False
-        else:
-            recvbuf = output(recvbuf, sendbuf.shape, sendbuf.dtype, xp)
-            in_place = recvbuf is sendbuf or xp.may_share_memory(recvbuf, sendbuf)
-            if in_place and recvbuf is not sendbuf:
-                recvbuf[...] = sendbuf  # another view of the same memory: in place after all
+        recvbuf, in_place = self._result(sendbuf, recvbuf)
         work, copied = flat_work(recvbuf, xp)
         # Out of place, the algorithm reads the input where it lies instead of copying it
         # into recvbuf first: a whole pass over memory saved.
@@ -211,15 +218,78 @@ class Communicator:
         return recvbuf
 
     @_collective
-    def all_gather(self, sendbuf: Any, recvbuf: Any | None = None) -> Any:
-        """Gather every rank's `sendbuf` on every rank: shape (size, *sendbuf.shape), rank order."""
+    def all_gather(self, sendbuf: Any, recvbuf: Any | None = None,
+                   counts: Any | None = None) -> Any:
+        """Gather every rank's `sendbuf` on every rank: shape (size, *sendbuf.shape), rank order.
+
+        counts: uneven blocks, flat (MPI's Allgatherv; blocks.py): rank r sends counts[r]
+        elements, and every rank gets all of them in rank order.
+        """
         xp = self._transport.xp
         check_buffers(xp, self.transport, sendbuf, recvbuf)
-        recvbuf = output(recvbuf, (self.size, *sendbuf.shape), sendbuf.dtype, xp)
+        counts, bounds, shape = gathered("all_gather", counts, sendbuf, self.size, self.rank)
+        recvbuf = output(recvbuf, shape, sendbuf.dtype, xp)
         work, copied = flat_work(recvbuf, xp)
-        work.reshape(self.size, -1)[self.rank] = sendbuf.reshape(-1)
-        self._begin("all_gather", sendbuf.size, sendbuf.dtype)
-        ring_all_gather(self._transport, work)
+        work[slice(*bounds[self.rank])] = sendbuf.reshape(-1)
+        self._begin("all_gather", bounds[-1][1] if counts else sendbuf.size, sendbuf.dtype,
+                    counts=counts)
+        ring_all_gather(self._transport, work, bounds)
+        if copied:
+            recvbuf[...] = work.reshape(recvbuf.shape)
+        return recvbuf
+
+    @_collective
+    def gather(self, sendbuf: Any, recvbuf: Any | None = None, root: int = 0,
+               counts: Any | None = None) -> Any | None:
+        """Gather every rank's `sendbuf` at `root`: shape (size, *sendbuf.shape), block r from
+        rank r. Returns it at the root and None elsewhere, where `recvbuf` is ignored (as in
+        MPI). In place at the root (MPI_IN_PLACE): pass its own block of `recvbuf` as `sendbuf`.
+
+        counts: uneven blocks, flat (MPI's Gatherv; blocks.py): rank r sends counts[r]
+        elements, and the root gets all of them in rank order.
+        """
+        xp = self._transport.xp
+        check_root(root, self.size)
+        recvbuf = recvbuf if self.rank == root else None
+        check_buffers(xp, self.transport, sendbuf, recvbuf)
+        counts, bounds, shape = gathered("gather", counts, sendbuf, self.size, self.rank)
+        mine = flat_work(sendbuf, xp)[0]
+        work = copied = None
+        if self.rank == root:
+            recvbuf = output(recvbuf, shape, sendbuf.dtype, xp)
+            work, copied = flat_work(recvbuf, xp)
+            if same_memory(mine, work[slice(*bounds[root])], xp):
+                mine = None  # in place: the root's block is already where it belongs
+        self._begin("gather", bounds[-1][1] if counts else sendbuf.size, sendbuf.dtype,
+                    root=root, counts=counts)
+        gather_to_root(self._transport, mine, work, bounds, root)
+        if copied:
+            recvbuf[...] = work.reshape(recvbuf.shape)
+        return recvbuf
+
+    @_collective
+    def reduce(self, sendbuf: Any, recvbuf: Any | None = None, op: str = "sum",
+               root: int = 0) -> Any | None:
+        """Reduce `sendbuf` over all ranks with `op` into `recvbuf` (allocated when None) at
+        `root`. Returns it at the root and None elsewhere, where `recvbuf` is ignored (as in
+        MPI). `recvbuf is sendbuf` at the root works in place. NaN propagates as in
+        `all_reduce`.
+        """
+        xp = self._transport.xp
+        check_root(root, self.size)
+        recvbuf = recvbuf if self.rank == root else None
+        check_buffers(xp, self.transport, sendbuf, recvbuf)
+        ufunc = resolve_op(op, sendbuf.dtype, xp)
+        copied = False
+        if self.rank == root:
+            recvbuf, in_place = self._result(sendbuf, recvbuf)
+            work, copied = flat_work(recvbuf, xp)
+            mine = work if in_place else flat_work(sendbuf, xp)[0]
+        else:
+            mine = flat_work(sendbuf, xp)[0]
+            work = xp.empty_like(mine)  # the chunks in flight
+        self._begin("reduce", sendbuf.size, sendbuf.dtype, op, root)
+        reduce_to_root(self._transport, mine, work, ufunc, root, average=(op == "avg"))
         if copied:
             recvbuf[...] = work.reshape(recvbuf.shape)
         return recvbuf
@@ -240,11 +310,12 @@ class Communicator:
 
     @_collective
     def scatter(self, sendbuf: Any | None = None, recvbuf: Any | None = None,
-                root: int = 0) -> Any:
+                root: int = 0, counts: Any | None = None) -> Any:
         """Send block r of the root's `sendbuf` (shape (size, *block)) to rank r.
 
         `sendbuf` is ignored on other ranks; there `recvbuf` may be None, and the block's shape
-        and dtype then come from the root. Returns `recvbuf`.
+        and dtype then come from the root. Returns `recvbuf`. counts: uneven blocks, flat
+        (MPI's Scatterv; blocks.py): rank r gets counts[r] elements.
         """
         check_root(root, self.size)
         xp = self._transport.xp
@@ -254,11 +325,14 @@ class Communicator:
         if self.rank == root:
             if sendbuf is None:
                 raise InvalidArgumentError(f"scatter: the root (rank {root}) must pass sendbuf")
-            check_blocks("scatter", sendbuf, self.size)
-            blocks = xp.ascontiguousarray(sendbuf)
-            recvbuf = output(recvbuf, sendbuf.shape[1:], sendbuf.dtype, xp)
-        elif recvbuf is not None:
-            check_writeable(recvbuf, "recvbuf")
+            counts, bounds, shapes = split("scatter", counts, sendbuf, self.size)
+            flat = flat_work(sendbuf, xp)[0]
+            blocks = [flat[lo:hi].reshape(shape) for (lo, hi), shape in zip(bounds, shapes)]
+            recvbuf = output(recvbuf, shapes[root], sendbuf.dtype, xp)
+        else:
+            counts = None if counts is None else check_counts(counts, self.size)
+            if recvbuf is not None:
+                check_writeable(recvbuf, "recvbuf")
         copy_back = None
 
         def receive_into(shape: tuple[int, ...], dtype: Any) -> Any:
@@ -268,8 +342,9 @@ class Communicator:
             copy_back = work if copied else None
             return work
 
-        # Only the root surely knows the blocks' count and dtype: the check compares the root.
-        self._begin("scatter", root=root)
+        # Only the root surely knows the blocks' dtype, and their count unless `counts` says:
+        # the check compares the rest.
+        self._begin("scatter", sum(counts) if counts else -1, root=root, counts=counts)
         block = scatter_from_root(self._transport, blocks, root, receive_into)
         if self.rank == root:
             recvbuf[...] = block.reshape(recvbuf.shape)
@@ -278,21 +353,79 @@ class Communicator:
         return recvbuf
 
     @_collective
-    def reduce_scatter(self, sendbuf: Any, recvbuf: Any | None = None, op: str = "sum") -> Any:
+    def reduce_scatter(self, sendbuf: Any, recvbuf: Any | None = None, op: str = "sum",
+                       counts: Any | None = None) -> Any:
         """Reduce `sendbuf` (shape (size, *block)) over ranks; rank r gets block r.
 
-        NaN propagates as in `all_reduce`.
+        NaN propagates as in `all_reduce`. counts: uneven blocks, flat (MPI's Reduce_scatter;
+        blocks.py): rank r gets the counts[r] elements of block r.
         """
         xp = self._transport.xp
         check_buffers(xp, self.transport, sendbuf, recvbuf)
         ufunc = resolve_op(op, sendbuf.dtype, xp)
-        check_blocks("reduce_scatter", sendbuf, self.size)
-        recvbuf = output(recvbuf, sendbuf.shape[1:], sendbuf.dtype, xp)
+        counts, bounds, shapes = split("reduce_scatter", counts, sendbuf, self.size)
+        shape = shapes[self.rank]
+        recvbuf = output(recvbuf, shape, sendbuf.dtype, xp)
         mine = flat_work(sendbuf, xp)[0]
         work = xp.empty_like(mine)  # the chunks in flight; `mine` is only read
-        self._begin("reduce_scatter", sendbuf.size, sendbuf.dtype, op)
-        block = ring_reduce_scatter(self._transport, mine, work, ufunc, average=(op == "avg"))
+        self._begin("reduce_scatter", sendbuf.size, sendbuf.dtype, op, counts=counts)
+        block = ring_reduce_scatter(self._transport, mine, work, ufunc, average=(op == "avg"),
+                                    bounds=bounds)
         recvbuf[...] = block.reshape(recvbuf.shape)
+        return recvbuf
+
+    @_collective
+    def all_to_all(self, sendbuf: Any, recvbuf: Any | None = None,
+                   counts: Any | None = None) -> Any:
+        """Send block j of `sendbuf` (shape (size, *block)) to rank j; block i of the result
+        came from rank i. `recvbuf is sendbuf` works in place (at the cost of a copy of the
+        input).
+
+        counts: uneven blocks, flat (MPI's Alltoallv; blocks.py): a `size` x `size` matrix,
+        rank i sending counts[i][j] elements to rank j, or `size` numbers, rank j getting
+        counts[j] elements from each rank.
+        """
+        xp = self._transport.xp
+        check_buffers(xp, self.transport, sendbuf, recvbuf)
+        counts, send_bounds, recv_bounds, shape, total = exchanged(counts, sendbuf, self.size,
+                                                                   self.rank)
+        recvbuf = output(recvbuf, shape, sendbuf.dtype, xp)
+        work, copied = flat_work(recvbuf, xp)
+        mine = flat_work(sendbuf, xp)[0]
+        if xp.may_share_memory(mine, work):
+            mine = mine.copy()  # in place: blocks land where others are yet to leave
+        self._begin("all_to_all", total, sendbuf.dtype, counts=counts)
+        pairwise_all_to_all(self._transport, mine, work, send_bounds, recv_bounds)
+        if copied:
+            recvbuf[...] = work.reshape(recvbuf.shape)
+        return recvbuf
+
+    @_collective
+    def scan(self, sendbuf: Any, recvbuf: Any | None = None, op: str = "sum",
+             exclusive: bool = False) -> Any:
+        """Rank r gets `op` over the `sendbuf`s of ranks 0..r (MPI_Scan), or with `exclusive`
+        of ranks 0..r-1 (MPI_Exscan), where rank 0 gets the op's identity: 0 for sum and avg,
+        1 for prod, the dtype's largest value for min and its smallest for max (MPI leaves it
+        undefined). "avg" divides by the number of ranks reduced. Returns `recvbuf`
+        (allocated when None); `recvbuf is sendbuf` works in place.
+        """
+        xp = self._transport.xp
+        check_buffers(xp, self.transport, sendbuf, recvbuf)
+        ufunc = resolve_op(op, sendbuf.dtype, xp)
+        recvbuf, in_place = self._result(sendbuf, recvbuf)
+        work, copied = flat_work(recvbuf, xp)
+        # In place, the input is kept apart: each step sends this rank's own input again.
+        mine = work.copy() if in_place else flat_work(sendbuf, xp)[0]
+        self._begin("scan/exclusive" if exclusive else "scan", sendbuf.size, sendbuf.dtype, op)
+        recursive_doubling_scan(self._transport, mine, work, xp.empty_like(work), ufunc,
+                                exclusive)
+        reduced = self.rank if exclusive else self.rank + 1  # ranks in this rank's result
+        if reduced == 0:
+            work[...] = identity(op, sendbuf.dtype, xp)
+        elif op == "avg":
+            xp.true_divide(work, reduced, out=work)
+        if copied:
+            recvbuf[...] = work.reshape(recvbuf.shape)
         return recvbuf
 
     @_collective
@@ -300,6 +433,40 @@ class Communicator:
         """Return once every rank has called `barrier`."""
         self._begin("barrier")
         self._transport.barrier()
+
+    # ---- point to point ------------------------------------------------------------------
+
+    @_collective
+    def send(self, buf: Any, dst: int) -> None:
+        """Send `buf` (read flat) to rank `dst`, which takes it with `recv` or `sendrecv`.
+
+        With the call check on, the two ranks first compare what one sends and the other
+        expects (check.pair_agree): a different count or dtype, or two ranks that both send
+        to (or both receive from) each other, raises MismatchError on both before any data
+        moves, and a send returns only once its receiver has come (as MPI_Ssend). Without
+        it, a transport finds a wrong size where it can (shm, threads), and the mpi transport
+        raises MPI's own error for a message longer than its receive buffer.
+        """
+        self._pair(buf, dst, None, None)
+
+    @_collective
+    def recv(self, buf: Any, src: int) -> Any:
+        """Receive what rank `src` sends into `buf` (filled flat); returns `buf`. See `send`."""
+        return self._pair(None, None, buf, src)
+
+    @_collective
+    def sendrecv(self, sendbuf: Any, dst: int, recvbuf: Any | None = None,
+                 src: int | None = None) -> Any:
+        """Send `sendbuf` to `dst` while receiving into `recvbuf` from `src` (default: `dst`),
+        both at once, so ranks that all send and receive never wait on each other. `recvbuf`
+        None: a new array like `sendbuf`. Returns `recvbuf`. A rank that names itself as both
+        `dst` and `src` copies. See `send` for the check.
+        """
+        xp = self._transport.xp
+        check_buffers(xp, self.transport, sendbuf, recvbuf)
+        if recvbuf is None:
+            recvbuf = xp.empty(sendbuf.shape, sendbuf.dtype)
+        return self._pair(sendbuf, dst, recvbuf, dst if src is None else src)
 
     def close(self) -> None:
         """Release the transport's resources. The communicator cannot be used afterwards."""
@@ -314,28 +481,70 @@ class Communicator:
     def __repr__(self) -> str:
         return f"<Communicator rank {self.rank} of {self.size} over {self.transport}>"
 
-    # ---- numbering and checking each call ------------------------------------------------
+    # ---- preparing, numbering and checking each call ----------------------------------------
 
-    def _begin(self, collective: str, count: int = -1, dtype: Any = None, op: str | None = None,
-               root: int = -1, folded: bool = False) -> None:
-        """Number the call, then check that every rank made the same one (see check.py):
-        here, or, when `folded`, in the call's first exchange of small inputs."""
+    def _result(self, sendbuf: Any, recvbuf: Any | None) -> tuple[Any, bool]:
+        """The result array of a call whose result has sendbuf's shape, and whether it works in
+        place: `recvbuf` checked, or a new array. A recvbuf that is another view of sendbuf's
+        memory takes sendbuf's values first, so the call works in place after all."""
+        xp = self._transport.xp
+        if recvbuf is None:
+            return xp.empty(sendbuf.shape, sendbuf.dtype), False
+        recvbuf = output(recvbuf, sendbuf.shape, sendbuf.dtype, xp)
+        in_place = recvbuf is sendbuf or xp.may_share_memory(recvbuf, sendbuf)
+        if in_place and recvbuf is not sendbuf:
+            recvbuf[...] = sendbuf
+        return recvbuf, in_place
+
+    def _pair(self, sendbuf: Any | None, dst: int | None, recvbuf: Any | None,
+              src: int | None) -> Any:
+        """Send `sendbuf` to `dst` and receive `recvbuf` from `src` (either side None), checked
+        by the pair and numbered per peer (point_to_point.py); returns `recvbuf`."""
         transport = self._transport
-        if transport.closed:
+        xp = transport.xp
+        check_buffers(xp, self.transport, *(b for b in (sendbuf, recvbuf) if b is not None))
+        if self._messages.check(sendbuf, dst, recvbuf, src):
+            recvbuf[...] = sendbuf.reshape(recvbuf.shape)
+            return recvbuf
+        mine = None if sendbuf is None else flat_work(sendbuf, xp)[0]
+        into, copied = (None, False) if recvbuf is None else flat_work(recvbuf, xp)
+        where, said = self._messages.describe(mine, dst, into, src)
+        self._usable()
+        self._in_flight = True
+        transport.begin(where)
+        if self._checking:
+            pair_agree(transport, said, dst, src)
+        self._messages.count(dst, src)
+        transport.at("send" if src is None else "recv" if dst is None else "sendrecv")
+        transport.sendrecv(mine, dst, into, src)
+        if copied:
+            recvbuf[...] = into.reshape(recvbuf.shape)
+        return recvbuf
+
+    def _usable(self) -> None:
+        """Refuse a closed or broken communicator."""
+        if self._transport.closed:
             raise InvalidArgumentError("this communicator is closed")
         if self._broken is not None:
             raise CollectiveError(f"rank {self.rank}: this communicator cannot be used since "
                                   f"{self._broken}; make a new one")
+
+    def _begin(self, collective: str, count: int = -1, dtype: Any = None, op: str | None = None,
+               root: int = -1, folded: bool = False, counts: tuple | None = None) -> None:
+        """Number the call, then check that every rank made the same one (see check.py):
+        here, or, when `folded`, in the call's first exchange of small inputs."""
+        transport = self._transport
+        self._usable()
         self._calls += 1
         self._in_flight = True
         if not self._checking or transport.size == 1:
             transport.begin(f"{collective} #{self._calls}")
             return
-        key = (collective, count, dtype, op, root)
+        key = (collective, count, dtype, op, root, counts)
         rest = self._descriptors.get(key)
         if rest is None:  # the same call again costs a lookup, not a description
             rest = self._descriptors[key] = descriptor(0, _CALL_CODES[collective], count, dtype,
-                                                       op, root)[1:]
+                                                       op, root, counts)[1:]
         call = (self._calls, *rest)
         transport.begin(f"{collective} #{self._calls}", call)
         if not folded:

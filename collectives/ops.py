@@ -31,3 +31,19 @@ def resolve_op(op: str, dtype: Any, xp: ModuleType) -> Any:
     if kind == "c" and op in ("min", "max"):
         raise InvalidTypeError(f"op {op!r} is not defined on complex dtype {dtype}")
     return getattr(xp, _UFUNC[op])
+
+
+def identity(op: str, dtype: Any, xp: ModuleType) -> Any:
+    """The value that `op` leaves any other unchanged on `dtype` (0 for sum and avg, 1 for prod,
+    the largest value for min, the smallest for max): what an empty reduction gives."""
+    dtype = xp.dtype(dtype)
+    if op in ("sum", "avg"):
+        return dtype.type(0)
+    if op == "prod":
+        return dtype.type(1)
+    if dtype.kind == "b":
+        return op == "min"
+    if dtype.kind == "f":
+        return dtype.type(xp.inf if op == "min" else -xp.inf)
+    info = xp.iinfo(dtype)
+    return dtype.type(info.max if op == "min" else info.min)

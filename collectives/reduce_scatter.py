@@ -3,6 +3,8 @@
 This is the first pass of ring all-reduce (see all_reduce.py), shifted by one chunk so that
 the block each rank finishes with is its own: in step s, rank r sends block (r - s - 1) and
 receives block (r - s - 2), reducing it into its copy. Each rank sends (N-1)/N of the input.
+Uneven blocks (`counts`, MPI's Reduce_scatter) take the same ring: each rank then sends every
+block but its own.
 """
 
 from __future__ import annotations
@@ -15,12 +17,15 @@ from .ring import reduce_scatter_pass
 
 
 def ring_reduce_scatter(transport: Transport, mine: Any, work: Any, op: ReduceOp,
-                        average: bool = False) -> Any:
-    """Reduce-scatter the flat array `mine` (N equal blocks), using `work` (the same size) for
-    the chunks in flight; returns block `rank` of the result, a view of `work`."""
+                        average: bool = False,
+                        bounds: list[tuple[int, int]] | None = None) -> Any:
+    """Reduce-scatter the flat array `mine`, block r at bounds[r] (by default N equal blocks),
+    using `work` (the same size) for the chunks in flight; returns block `rank` of the result,
+    a view of `work`."""
     size, rank = transport.size, transport.rank
-    block = work.size // size
-    bounds = [(r * block, (r + 1) * block) for r in range(size)]
+    if bounds is None:
+        block = work.size // size
+        bounds = [(r * block, (r + 1) * block) for r in range(size)]
     if size == 1:
         work[...] = mine
     owned = reduce_scatter_pass(transport, work, bounds, op, first=-1, mine=mine)

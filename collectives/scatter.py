@@ -4,7 +4,8 @@ The root sends each rank its own block directly, starting with its right neighbo
 rank receives exactly its block and the root sends (N-1)/N of its buffer, the least possible.
 A small header goes first, so a rank that passes no receive buffer learns the block's shape
 and dtype from the root, and a rank whose buffer does not fit still drains its block (no
-sender is left hanging) before it raises.
+sender is left hanging) before it raises. Uneven blocks (`counts`, MPI's Scatterv) go the same
+way, each with its own header.
 """
 
 from __future__ import annotations
@@ -35,24 +36,27 @@ def _parse(header: Any) -> tuple[tuple[int, ...], numpy.dtype]:
     return tuple(fields["shape"]), numpy.dtype(fields["dtype"])
 
 
-def scatter_from_root(transport: Transport, blocks: Any | None, root: int,
+def scatter_from_root(transport: Transport, blocks: list[Any] | None, root: int,
                       receive_into: Callable[[tuple[int, ...], Any], Any]) -> Any:
-    """Send block r of `blocks` (root only: shape (N, ...), contiguous) to each rank r.
+    """Send `blocks[r]` (root only: one contiguous array per rank, in the shape rank r gets)
+    to each rank r.
 
     Every rank other than the root calls `receive_into(shape, dtype)` for the flat array to
-    receive its block into, and returns that array; the root returns its own block, flat.
+    receive its block into, and returns that array; the root returns its own block.
     """
     xp, rank, size = transport.xp, transport.rank, transport.size
     if rank == root:
-        header = xp.asarray(_header(blocks.shape[1:], blocks.dtype))
-        flat = blocks.reshape(size, -1)
+        headers: dict[tuple[int, ...], Any] = {}  # one per shape: equal blocks share one
         for step in range(1, size):
             peer = (root + step) % size
+            block = blocks[peer]
+            if block.shape not in headers:
+                headers[block.shape] = xp.asarray(_header(block.shape, block.dtype))
             transport.at("scatter header", step - 1)
-            transport.send(header, peer)
+            transport.send(headers[block.shape], peer)
             transport.at("scatter", step - 1)
-            transport.send(flat[peer], peer)
-        return flat[root]
+            transport.send(block.reshape(-1), peer)
+        return blocks[root]
     step = (rank - root) % size - 1
     transport.at("scatter header", step)
     header = xp.empty(HEADER_BYTES, xp.uint8)

@@ -114,6 +114,148 @@ def reduce_scatter_case(comm: Any, count: int, dtype: str, op: str) -> dict:
     return {"result": out}
 
 
+def gather_case(comm: Any, count: int, dtype: str, layout: str, root: int,
+                recv: str) -> dict:
+    """recv: "none" (the root's result allocated), "given", or "in place" (the root passes
+    its own block of recvbuf as sendbuf)."""
+    mine = laid_out(values(comm.rank, count, dtype), layout)
+    recvbuf = None
+    if comm.rank == root and recv != "none":
+        recvbuf = numpy.zeros((comm.size, *mine.shape), mine.dtype)
+        if recv == "in place":
+            recvbuf[root] = mine
+            mine = recvbuf[root]
+    out = comm.gather(mine, recvbuf, root=root)
+    assert (out is None) == (comm.rank != root) and (recvbuf is None or out is recvbuf)
+    return {"result": out, "stats": vars(comm.stats).copy()}
+
+
+def reduce_case(comm: Any, count: int, dtype: str, op: str, layout: str, root: int,
+                in_place: bool) -> dict:
+    mine = laid_out(values(comm.rank, count, dtype), layout)
+    before = mine.copy()
+    if in_place and comm.rank == root:
+        out = comm.reduce(mine, mine, op=op, root=root)
+        assert out is mine
+    else:
+        out = comm.reduce(mine, op=op, root=root)
+        assert numpy.array_equal(mine, before), "reduce changed its sendbuf"
+    assert (out is None) == (comm.rank != root)
+    return {"result": None if out is None else numpy.ascontiguousarray(out),
+            "stats": vars(comm.stats).copy()}
+
+
+def blocks_laid_out(flat: numpy.ndarray, size: int, layout: str) -> numpy.ndarray:
+    """`flat` as `size` blocks, shape (size, block): contiguous, or a non-contiguous view."""
+    blocks = flat.reshape(size, -1)
+    if layout != "strided":
+        return blocks.copy()
+    spread = numpy.zeros((size, 2 * blocks.shape[1]), flat.dtype)
+    spread[:, ::2] = blocks
+    return spread[:, ::2]
+
+
+def all_to_all_case(comm: Any, count: int, dtype: str, layout: str, in_place: bool) -> dict:
+    mine = blocks_laid_out(values(comm.rank, comm.size * count, dtype), comm.size, layout)
+    before = mine.copy()
+    out = comm.all_to_all(mine, mine if in_place else None)
+    assert out is mine if in_place else numpy.array_equal(mine, before)
+    return {"result": numpy.ascontiguousarray(out), "stats": vars(comm.stats).copy()}
+
+
+def scan_case(comm: Any, count: int, dtype: str, op: str, layout: str, in_place: bool,
+              exclusive: bool) -> dict:
+    mine = laid_out(values(comm.rank, count, dtype), layout)
+    before = mine.copy()
+    if in_place:
+        out = comm.scan(mine, mine, op=op, exclusive=exclusive)
+        assert out is mine
+    else:
+        out = comm.scan(mine, op=op, exclusive=exclusive)
+        assert numpy.array_equal(mine, before), "scan changed its sendbuf"
+    assert out.shape == mine.shape and out.dtype == mine.dtype
+    return {"result": numpy.ascontiguousarray(out), "stats": vars(comm.stats).copy()}
+
+
+def uneven_input(collective: str, rank: int, counts: list, dtype: str,
+                 root: int) -> numpy.ndarray | None:
+    """Rank `rank`'s sendbuf in `uneven_case`: its block, the root's blocks, or its row."""
+    if collective in ("all_gather", "gather"):
+        return values(rank, counts[rank], dtype)
+    if collective == "scatter":
+        return values(100 + root, sum(counts), dtype) if rank == root else None
+    if collective == "reduce_scatter":
+        return values(rank, sum(counts), dtype)
+    return values(rank, sum(row_of(counts, rank)), dtype)
+
+
+def row_of(counts: list, rank: int) -> list[int]:
+    """What rank `rank` sends to each rank in an all-to-all by `counts`: its row of a matrix,
+    or the numbers that stand for every row."""
+    return counts[rank] if isinstance(counts[0], (list, tuple)) else counts
+
+
+def uneven_case(comm: Any, collective: str, counts: list, dtype: str, op: str,
+                root: int) -> dict:
+    """One collective with uneven blocks (`counts=`)."""
+    mine = uneven_input(collective, comm.rank, counts, dtype, root)
+    call = getattr(comm, collective)
+    if collective in ("gather", "scatter"):
+        out = call(mine, root=root, counts=counts)
+    elif collective == "reduce_scatter":
+        out = call(mine, op=op, counts=counts)
+    else:
+        out = call(mine, counts=counts)
+    return {"result": out, "stats": vars(comm.stats).copy()}
+
+
+def sendrecv_case(comm: Any, count: int, dtype: str, layout: str, shift: int) -> dict:
+    """Every rank sends to rank + shift and receives from rank - shift (a ring shift)."""
+    mine = laid_out(values(comm.rank, count, dtype), layout)
+    recvbuf = laid_out(numpy.zeros(count, dtype), layout)
+    out = comm.sendrecv(mine, (comm.rank + shift) % comm.size, recvbuf,
+                        (comm.rank - shift) % comm.size)
+    assert out is recvbuf
+    return {"result": numpy.ascontiguousarray(out), "stats": vars(comm.stats).copy()}
+
+
+def chain_case(comm: Any, count: int, dtype: str) -> dict:
+    """A pipeline of sends and receives: rank r receives the running total from rank r-1,
+    adds its own values and sends it on; the last rank ends with the total."""
+    total = values(comm.rank, count, dtype)
+    if comm.rank > 0:
+        before = numpy.empty(count, dtype)
+        assert comm.recv(before, comm.rank - 1) is before
+        total = before + total
+    if comm.rank < comm.size - 1:
+        comm.send(total, comm.rank + 1)
+    return {"result": total, "stats": vars(comm.stats).copy()}
+
+
+def mismatch_case(comm: Any, what: str) -> dict:
+    """Ranks 0 and 1 disagree about a call (`what`: "count", "dtype", "both send", "both
+    receive", or "counts" for an all-gather on every rank); every rank returns what it raised,
+    then the result of a sendrecv ring shift made afterwards."""
+    rank = comm.rank
+    message = None
+    try:
+        if what == "counts":
+            counts = [2] * comm.size if rank else [1, 3] + [2] * (comm.size - 2)
+            comm.all_gather(values(rank, counts[rank], "float64"), counts=counts)
+        elif rank < 2:
+            buf = values(0, 4, "float64") if rank == 0 else numpy.zeros(
+                5 if what == "count" else 4, "float32" if what == "dtype" else "float64")
+            if what == "both send" or (rank == 0 and what != "both receive"):
+                comm.send(buf, 1 - rank)
+            else:
+                comm.recv(buf, 1 - rank)
+    except Exception as error:  # noqa: BLE001 - what every rank raised is the result
+        message = f"{type(error).__name__}: {error}"
+    after = comm.sendrecv(values(rank, 3, "int32"), (rank + 1) % comm.size,
+                          src=(rank - 1) % comm.size)
+    return {"result": message, "after": after, "stats": vars(comm.stats).copy()}
+
+
 def barrier_case(comm: Any) -> dict:
     comm.barrier()
     return {"result": numpy.array(comm.rank)}
@@ -196,3 +338,97 @@ def check_reduce_scatter(results: list[dict], count: int, dtype: str, op: str) -
     want = reduce_reference(op, inputs)
     for rank, result in enumerate(results):
         assert_matches(result["result"], want[rank], dtype)
+
+
+def check_gather(results: list[dict], count: int, dtype: str, layout: str, root: int) -> None:
+    size = len(results)
+    want = numpy.stack([laid_out(values(r, count, dtype), layout) for r in range(size)])
+    for rank, result in enumerate(results):
+        if rank == root:
+            assert_matches(result["result"], want, dtype)
+        else:
+            assert result["result"] is None, f"rank {rank} is not the root but got a result"
+
+
+def check_reduce(results: list[dict], count: int, dtype: str, op: str, layout: str,
+                 root: int) -> None:
+    size = len(results)
+    want = reduce_reference(op, [laid_out(values(r, count, dtype), layout) for r in range(size)])
+    for rank, result in enumerate(results):
+        if rank == root:
+            assert_matches(result["result"], want, dtype)
+        else:
+            assert result["result"] is None, f"rank {rank} is not the root but got a result"
+
+
+def check_all_to_all(results: list[dict], count: int, dtype: str) -> None:
+    size = len(results)
+    sent = [values(r, size * count, dtype).reshape(size, count) for r in range(size)]
+    for rank, result in enumerate(results):
+        assert_matches(result["result"], numpy.stack([sent[i][rank] for i in range(size)]),
+                       dtype)
+
+
+def identity(op: str, dtype: str) -> object:
+    """What an empty reduction gives: rank 0's exclusive scan."""
+    kind = numpy.dtype(dtype).kind
+    if op in ("sum", "avg"):
+        return 0
+    if op == "prod":
+        return 1
+    if kind == "b":
+        return op == "min"
+    if kind == "f":
+        return numpy.inf if op == "min" else -numpy.inf
+    info = numpy.iinfo(dtype)
+    return info.max if op == "min" else info.min
+
+
+def check_scan(results: list[dict], count: int, dtype: str, op: str, layout: str,
+               exclusive: bool) -> None:
+    inputs = [laid_out(values(r, count, dtype), layout) for r in range(len(results))]
+    for rank, result in enumerate(results):
+        below = inputs[:rank] if exclusive else inputs[:rank + 1]
+        want = reduce_reference(op, below) if below else \
+            numpy.full(inputs[0].shape, identity(op, dtype), dtype)
+        assert_matches(result["result"], want, dtype)
+
+
+def check_uneven(results: list[dict], collective: str, counts: list, dtype: str, op: str,
+                 root: int) -> None:
+    size = len(results)
+    inputs = [uneven_input(collective, r, counts, dtype, root) for r in range(size)]
+    if collective == "all_to_all":
+        bounds = [numpy.cumsum([0, *row_of(counts, i)]) for i in range(size)]
+        for rank, result in enumerate(results):
+            want = numpy.concatenate([inputs[i][bounds[i][rank]:bounds[i][rank + 1]]
+                                      for i in range(size)])
+            assert_matches(result["result"], want, dtype)
+        return
+    ends = numpy.cumsum([0, *counts])
+    for rank, result in enumerate(results):
+        block = slice(ends[rank], ends[rank + 1])
+        if collective == "all_gather" or (collective == "gather" and rank == root):
+            assert_matches(result["result"], numpy.concatenate(inputs), dtype)
+        elif collective == "gather":
+            assert result["result"] is None
+        elif collective == "scatter":
+            assert_matches(result["result"], inputs[root][block], dtype)
+        else:
+            assert_matches(result["result"], reduce_reference(op, inputs)[block], dtype)
+
+
+def check_sendrecv(results: list[dict], count: int, dtype: str, layout: str,
+                   shift: int) -> None:
+    size = len(results)
+    for rank, result in enumerate(results):
+        want = laid_out(values((rank - shift) % size, count, dtype), layout)
+        assert_matches(result["result"], want, dtype)
+
+
+def check_chain(results: list[dict], count: int, dtype: str) -> None:
+    partial = values(0, count, dtype)
+    for rank, result in enumerate(results):
+        if rank:
+            partial = partial + values(rank, count, dtype)
+        assert_matches(result["result"], partial, dtype)

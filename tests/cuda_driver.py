@@ -1,4 +1,5 @@
-"""Run on every rank by test_cuda.py: the collectives on CuPy arrays, checked against NumPy.
+"""Run on every rank by test_cuda.py: the collectives (and point-to-point calls) on CuPy arrays,
+checked against NumPy.
 
     mpiexec -n 3 python tests/cuda_driver.py collectives cuda_ipc
     RINGCC_MPI_CUDA=0 mpiexec -n 2 python tests/cuda_driver.py collectives mpi
@@ -28,6 +29,7 @@ import collectives
 
 SMALL_SEGMENT = 4096  # many segments per chunk on small buffers
 COUNTS = (0, 1, 2, 7, 97, 1009, 20011)  # empty, below the rank count, primes
+NEW_COUNTS = (0, 7, 20011)  # the later collectives: a quarter more time on the sweep
 # (layout, flag): the flag is in_place for all-reduce, given (a recvbuf passed) for all-gather
 LAYOUTS = (("flat", False), ("matrix", True), ("strided", False), ("strided", True))
 
@@ -72,10 +74,10 @@ class OnDevice:
         sendbuf[...] = send.get()
         return back(out, recvbuf)
 
-    def all_gather(self, sendbuf: numpy.ndarray,
-                   recvbuf: numpy.ndarray | None = None) -> numpy.ndarray:
+    def all_gather(self, sendbuf: numpy.ndarray, recvbuf: numpy.ndarray | None = None,
+                   counts: list | None = None) -> numpy.ndarray:
         recv = None if recvbuf is None else on_device(recvbuf)
-        out = self.comm.all_gather(on_device(sendbuf), recv)
+        out = self.comm.all_gather(on_device(sendbuf), recv, counts=counts)
         assert recv is None or out is recv
         return back(out, recvbuf)
 
@@ -85,19 +87,64 @@ class OnDevice:
         return back(work, buf)
 
     def scatter(self, sendbuf: numpy.ndarray | None = None, recvbuf: numpy.ndarray | None = None,
-                root: int = 0) -> numpy.ndarray:
+                root: int = 0, counts: list | None = None) -> numpy.ndarray:
         recv = None if recvbuf is None else on_device(recvbuf)
-        out = self.comm.scatter(None if sendbuf is None else on_device(sendbuf), recv, root=root)
+        out = self.comm.scatter(None if sendbuf is None else on_device(sendbuf), recv, root=root,
+                                counts=counts)
         assert recv is None or out is recv
         return back(out, recvbuf)
 
     def reduce_scatter(self, sendbuf: numpy.ndarray, recvbuf: numpy.ndarray | None = None,
-                       op: str = "sum") -> numpy.ndarray:
+                       op: str = "sum", counts: list | None = None) -> numpy.ndarray:
         send = on_device(sendbuf)
         out = self.comm.reduce_scatter(send, None if recvbuf is None else on_device(recvbuf),
-                                       op=op)
+                                       op=op, counts=counts)
         sendbuf[...] = send.get()
         return back(out, recvbuf)
+
+    def gather(self, sendbuf: numpy.ndarray, recvbuf: numpy.ndarray | None = None,
+               root: int = 0, counts: list | None = None) -> numpy.ndarray | None:
+        recv = None if recvbuf is None else on_device(recvbuf)
+        out = self.comm.gather(on_device(sendbuf), recv, root=root, counts=counts)
+        return None if out is None else back(out, recvbuf)
+
+    def reduce(self, sendbuf: numpy.ndarray, recvbuf: numpy.ndarray | None = None,
+               op: str = "sum", root: int = 0) -> numpy.ndarray | None:
+        send = on_device(sendbuf)
+        recv = send if recvbuf is sendbuf else None if recvbuf is None else on_device(recvbuf)
+        out = self.comm.reduce(send, recv, op=op, root=root)
+        sendbuf[...] = send.get()
+        return None if out is None else back(out, recvbuf)
+
+    def all_to_all(self, sendbuf: numpy.ndarray, recvbuf: numpy.ndarray | None = None,
+                   counts: list | None = None) -> numpy.ndarray:
+        send = on_device(sendbuf)
+        recv = send if recvbuf is sendbuf else None if recvbuf is None else on_device(recvbuf)
+        out = self.comm.all_to_all(send, recv, counts=counts)
+        sendbuf[...] = send.get()
+        return back(out, recvbuf)
+
+    def scan(self, sendbuf: numpy.ndarray, recvbuf: numpy.ndarray | None = None,
+             op: str = "sum", exclusive: bool = False) -> numpy.ndarray:
+        send = on_device(sendbuf)
+        recv = send if recvbuf is sendbuf else None if recvbuf is None else on_device(recvbuf)
+        out = self.comm.scan(send, recv, op=op, exclusive=exclusive)
+        sendbuf[...] = send.get()
+        return back(out, recvbuf)
+
+    def sendrecv(self, sendbuf: numpy.ndarray, dst: int, recvbuf: numpy.ndarray,
+                 src: int) -> numpy.ndarray:
+        recv = on_device(recvbuf)
+        assert self.comm.sendrecv(on_device(sendbuf), dst, recv, src) is recv
+        return back(recv, recvbuf)
+
+    def send(self, buf: numpy.ndarray, dst: int) -> None:
+        self.comm.send(on_device(buf), dst)
+
+    def recv(self, buf: numpy.ndarray, src: int) -> numpy.ndarray:
+        work = on_device(buf)
+        assert self.comm.recv(work, src) is work
+        return back(work, buf)
 
     def barrier(self) -> None:
         self.comm.barrier()
@@ -135,9 +182,37 @@ def sweep(comm: OnDevice) -> int:
                                  dtype=dtype, layout=LAYOUTS[root % len(LAYOUTS)][0], root=root)
                 check_everywhere(comm, "scatter_case", cases.check_scatter, count=count,
                                  dtype=dtype, root=root, given=root % 2 == 0)
+                check_everywhere(comm, "gather_case", cases.check_gather, count=count,
+                                 dtype=dtype, layout=LAYOUTS[root % len(LAYOUTS)][0], root=root,
+                                 recv=("none", "given", "in place")[root % 3])
+            if count in NEW_COUNTS:
+                sweep_new(comm, count, dtype)
             examples += 1
     check_everywhere(comm, "barrier_case", lambda results: None)
     return examples
+
+
+def sweep_new(comm: OnDevice, count: int, dtype: str) -> None:
+    """Reduce, all-to-all, scan, uneven blocks and point to point at one count and dtype."""
+    size = comm.size
+    for k, op in enumerate(cases.ops_for(dtype)):
+        layout, in_place = LAYOUTS[k % len(LAYOUTS)]
+        check_everywhere(comm, "reduce_case", cases.check_reduce, count=count, dtype=dtype,
+                         op=op, layout=layout, root=k % size, in_place=in_place)
+        for exclusive in (False, True):
+            check_everywhere(comm, "scan_case", cases.check_scan, count=count, dtype=dtype,
+                             op=op, layout="strided", in_place=exclusive, exclusive=exclusive)
+    for layout, in_place in LAYOUTS:
+        check_everywhere(comm, "all_to_all_case", cases.check_all_to_all, count=count,
+                         dtype=dtype, layout=layout, in_place=in_place)
+    counts = [(count + 3 * r) % (count + 1) for r in range(size)]  # uneven, some empty
+    for collective in ("all_gather", "gather", "scatter", "reduce_scatter", "all_to_all"):
+        check_everywhere(comm, "uneven_case", cases.check_uneven, collective=collective,
+                         counts=counts, dtype=dtype, op=cases.ops_for(dtype)[0],
+                         root=size - 1)
+    check_everywhere(comm, "sendrecv_case", cases.check_sendrecv, count=count, dtype=dtype,
+                     layout="strided", shift=1)
+    check_everywhere(comm, "chain_case", cases.check_chain, count=count, dtype=dtype)
 
 
 # ---- the scenarios ---------------------------------------------------------------------------

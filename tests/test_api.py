@@ -171,3 +171,40 @@ def test_empty_and_zeros_give_arrays_every_collective_takes():
 def test_empty_refuses_what_no_collective_could_move(shape, dtype, error, message):
     with pytest.raises(error, match=message):
         collectives.spawn(lambda comm: comm.empty(shape, dtype), 1)
+
+
+def test_the_new_calls_in_one_process_without_mpiexec():
+    code = ("import collectives, numpy as np\n"
+            "with collectives.init() as c:\n"
+            "    x = np.arange(3.0)\n"
+            "    print(c.gather(x).shape, c.reduce(x, op='max').tolist(),\n"
+            "          c.all_to_all(np.ones((1, 2))).shape, c.scan(x).tolist(),\n"
+            "          c.scan(x, op='min', exclusive=True).tolist(), c.sendrecv(x, 0).tolist(),\n"
+            "          c.all_gather(x, counts=[3]).shape)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=rank_env(),
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.strip() == ("(1, 3) [0.0, 1.0, 2.0] (1, 2) [0.0, 1.0, 2.0] [inf, inf, inf] "
+                           "[0.0, 1.0, 2.0] (3,)")
+
+
+def test_the_new_calls_on_three_ranks_as_a_user_writes_them():
+    code = ("import collectives, numpy as np\n"
+            "c = collectives.init(); r, n = c.rank, c.size\n"
+            "x = np.arange(4.0) + 10 * r\n"
+            "g = c.gather(x, root=0)\n"
+            "m = c.reduce(x, op='max', root=n - 1)\n"
+            "a = c.all_to_all(np.tile(x, (n, 1)))\n"
+            "offset = c.scan(np.array([r + 1]), exclusive=True)\n"
+            "u = c.all_gather(np.full(r + 1, r), counts=[k + 1 for k in range(n)])\n"
+            "s = c.sendrecv(x, (r + 1) % n, src=(r - 1) % n)\n"
+            "if r == 0: c.send(x, 1)\n"
+            "if r == 1: c.recv(x, 0)\n"
+            "print(r, None if g is None else g[:, 0].tolist(), None if m is None else m.tolist(),"
+            " a[:, 0].tolist(), offset.tolist(), u.tolist(), s[0], x[0])\n")
+    env = rank_env()
+    del env["PYTHONUNBUFFERED"]  # each rank then writes its line whole, at exit
+    lines = sorted(mpiexec(3, "-c", code, timeout=60, env=env).stdout.splitlines())
+    assert lines == [
+        "0 [0.0, 10.0, 20.0] None [0.0, 10.0, 20.0] [0] [0, 1, 1, 2, 2, 2] 20.0 0.0",
+        "1 None None [0.0, 10.0, 20.0] [1] [0, 1, 1, 2, 2, 2] 0.0 0.0",
+        "2 None [20.0, 21.0, 22.0, 23.0] [0.0, 10.0, 20.0] [3] [0, 1, 1, 2, 2, 2] 10.0 20.0"]

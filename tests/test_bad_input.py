@@ -67,6 +67,49 @@ BAD = [
     (lambda c: c.reduce_scatter(numpy.zeros((3, 2)), numpy.zeros(3)), ValueError,
      r"recvbuf must have shape \(2,\)"),
     (lambda c: c.reduce_scatter(numpy.zeros((3, 2)), op="median"), ValueError, "unknown op"),
+    (lambda c: c.gather(numpy.zeros(2), root=3), ValueError, r"root 3 is not a rank in \[0, 3\)"),
+    (lambda c: c.gather(["a"]), TypeError, "expected a NumPy or CuPy array, got list"),
+    (lambda c: c.reduce(numpy.zeros(4), op="mean"), ValueError, "unknown op 'mean'"),
+    (lambda c: c.reduce(numpy.arange(4), op="avg"), TypeError, "'avg' needs a floating"),
+    (lambda c: c.reduce(numpy.zeros(4), root=-1), ValueError, "root -1 is not a rank"),
+    (lambda c: c.all_to_all(numpy.zeros((4, 2))), ValueError,
+     r"all_to_all: sendbuf must have shape \(3, ...\)"),
+    (lambda c: c.all_to_all(numpy.zeros((3, 2)), numpy.zeros((3, 3))), ValueError,
+     r"recvbuf must have shape \(3, 2\)"),
+    (lambda c: c.scan(numpy.zeros(4), op="median"), ValueError, "unknown op"),
+    (lambda c: c.scan(numpy.ones(4, bool), op="sum"), TypeError, "not defined on bool"),
+    (lambda c: c.scan(numpy.zeros(4), numpy.zeros(4, "float32")), ValueError,
+     "recvbuf must have shape"),
+    (lambda c: c.all_gather(numpy.zeros(2), counts=[2, 2]), ValueError,
+     r"counts must be 3 whole numbers >= 0, one per rank; got \[2, 2\]"),
+    (lambda c: c.all_gather(numpy.zeros(2), counts=[2, -1, 2]), ValueError, "counts must be"),
+    (lambda c: c.all_gather(numpy.zeros(2), counts=[2, 2.0, 2]), ValueError, "counts must be"),
+    (lambda c: c.all_gather(numpy.zeros(2), counts=[True, 2, 2]), ValueError, "counts must be"),
+    (lambda c: c.all_gather(numpy.zeros(2), counts="abc"), ValueError, "counts must be"),
+    (lambda c: c.all_gather(numpy.zeros(3), counts=[2, 2, 2]), ValueError,
+     "all_gather: by counts, sendbuf must hold 2 elements; got 3"),
+    (lambda c: c.all_gather(numpy.zeros(2), numpy.zeros((3, 2)), counts=[2, 2, 2]), ValueError,
+     r"recvbuf must have shape \(6,\)"),
+    (lambda c: c.gather(numpy.zeros(1), counts=[2, 2, 2]), ValueError,
+     "gather: by counts, sendbuf must hold"),
+    (lambda c: c.reduce_scatter(numpy.zeros(5), counts=[2, 2, 2]), ValueError,
+     "reduce_scatter: by counts, sendbuf must hold 6 elements; got 5"),
+    (lambda c: c.all_to_all(numpy.zeros(5), counts=[[1, 1, 1]] * 3), ValueError,
+     "all_to_all: by counts, sendbuf must hold 3 elements; got 5"),
+    (lambda c: c.all_to_all(numpy.zeros(3), counts=[[1, 1, 1], [1, 1], [1, 1, 1]]), ValueError,
+     r"counts must be 3 whole numbers >= 0, one per rank; got \[1, 1\]"),
+    (lambda c: c.scatter(numpy.zeros(6), counts=[1, 2]), ValueError, "counts must be 3"),
+    (lambda c: c.send(numpy.zeros(2), 3), ValueError, r"dst 3 is not a rank in \[0, 3\)"),
+    (lambda c: c.send(numpy.zeros(2), 1.0), ValueError, "dst 1.0 is not a rank"),
+    (lambda c: c.recv(numpy.zeros(2), -1), ValueError, "src -1 is not a rank"),
+    (lambda c: c.recv(read_only(2), 0), ValueError, "buf is read-only"),
+    (lambda c: c.send([1.0], 0), TypeError, "expected a NumPy or CuPy array, got list"),
+    (lambda c: c.send(numpy.zeros(2), c.rank), ValueError,
+     "cannot send to or receive from itself, but by a sendrecv"),
+    (lambda c: c.sendrecv(numpy.zeros(2), c.rank, numpy.zeros(3)), ValueError,
+     "cannot send to or receive from itself"),
+    (lambda c: c.sendrecv(numpy.zeros(2), (c.rank + 1) % 3, read_only(2)), ValueError,
+     "recvbuf is read-only"),
 ]
 
 
@@ -95,6 +138,10 @@ ROOT_ONLY = [
      r"sendbuf must have shape \(3, ...\)"),
     (lambda c: c.scatter(numpy.zeros((3, 2)), numpy.zeros(3), root=0),
      r"recvbuf must have shape \(2,\)"),
+    (lambda c: c.scatter(numpy.zeros(5), counts=[1, 2, 3]),
+     "scatter: by counts, sendbuf must hold 6 elements; got 5"),
+    (lambda c: c.gather(numpy.zeros(2), numpy.zeros((3, 3))), r"recvbuf must have shape \(3, 2\)"),
+    (lambda c: c.reduce(numpy.zeros(2), numpy.zeros(2, "int8")), "and dtype float64"),
 ]
 
 
@@ -104,6 +151,40 @@ def test_a_bad_argument_only_the_root_sees_raises_there_before_it_sends(call, me
     with pytest.raises(ValueError, match=message) as caught:
         collectives.spawn(call, 3, timeout=TIMEOUT)
     assert "raised on rank 0 of 3" in str(caught.value.__notes__)
+
+
+@pytest.mark.parametrize("call", [
+    lambda c, counts: c.all_gather(numpy.zeros(counts[c.rank]), counts=counts),
+    lambda c, counts: c.gather(numpy.zeros(counts[c.rank]), counts=counts, root=1),
+    lambda c, counts: c.scatter(numpy.zeros(sum(counts)) if c.rank == 0 else None,
+                                counts=counts),
+    lambda c, counts: c.reduce_scatter(numpy.zeros(sum(counts)), counts=counts),
+    lambda c, counts: c.all_to_all(numpy.zeros(sum(counts)), counts=counts),
+])
+def test_counts_that_differ_between_ranks_raise_mismatch_on_every_rank(call):
+    """Rank 1 cuts the same total otherwise: every rank raises before any block moves, naming
+    the counts, and the communicator then works as before."""
+    def body(comm):
+        counts = [3, 1, 2] if comm.rank == 1 else [1, 3, 2]
+        with pytest.raises(collectives.MismatchError) as caught:
+            call(comm, counts)
+        return str(caught.value), comm.stats.bytes_sent, comm.all_gather(numpy.arange(2))
+
+    for rank, (message, sent, gathered) in enumerate(collectives.spawn(body, 3,
+                                                                       timeout=TIMEOUT)):
+        assert message.startswith(f"rank {rank}: ranks disagree: rank 1 called ")
+        assert message.endswith("; the counts differ"), message
+        assert sent == 0
+        numpy.testing.assert_array_equal(gathered, [[0, 1]] * 3)
+
+
+def test_counts_on_some_ranks_only_raise_mismatch_on_every_rank():
+    def body(comm):
+        mine = numpy.arange(2.0)
+        with pytest.raises(collectives.MismatchError, match="the counts and the count differ"):
+            comm.all_gather(mine, counts=[2, 2] if comm.rank == 0 else None)
+
+    collectives.spawn(body, 2, timeout=TIMEOUT)
 
 
 def test_errors_raised_by_the_communicator_are_collective_errors():
@@ -211,6 +292,10 @@ def recvbuf_for(kind, sendbuf, want_shape):
     return numpy.zeros(shape, dtype)
 
 
+IN_PLACE = ("all_reduce", "reduce", "all_to_all", "scan")  # recvbuf may be sendbuf
+ROOT_RESULT = ("gather", "reduce")  # only the root looks at recvbuf, and gets a result
+
+
 def make_call(comm, collective, dtype, shape_name, recv, op, root):
     """Make one call with arguments from the example; rank-dependent data, the same kind of
     argument on every rank."""
@@ -223,27 +308,41 @@ def make_call(comm, collective, dtype, shape_name, recv, op, root):
         return comm.all_reduce(send, recvbuf_for(recv, send, shape), op=op)
     if collective == "all_gather":
         return comm.all_gather(send, recvbuf_for(recv, send, (size, *shape)))
+    if collective == "gather":
+        return comm.gather(send, recvbuf_for(recv, send, (size, *shape)), root=root)
+    if collective == "reduce":
+        return comm.reduce(send, recvbuf_for(recv, send, shape), op=op, root=root)
     if collective == "broadcast":
         return comm.broadcast(send, root=root)
     if collective == "scatter":
         mine = send if comm.rank == root else None
         return comm.scatter(mine, recvbuf_for(recv, send, block), root=root)
+    if collective == "all_to_all":
+        return comm.all_to_all(send, recvbuf_for(recv, send, shape))
+    if collective == "scan":
+        return comm.scan(send, recvbuf_for(recv, send, shape), op=op)
     return comm.reduce_scatter(send, recvbuf_for(recv, send, block), op=op)
 
 
 def reference(collective, dtype, shape_name, op, root, size, rank):
-    """What `rank` must end with when the call works."""
+    """What `rank` must end with when the call works (None: no result on this rank)."""
     root = size if root == "size" else root
     shape = shape_of(shape_name, size)
     inputs = [buffer(r, shape, dtype) for r in range(size)]
-    if collective == "all_reduce":
+    if collective in ROOT_RESULT and rank != root:
+        return None
+    if collective == "all_reduce" or collective == "reduce":
         return cases.reduce_reference(op, inputs)
-    if collective == "all_gather":
+    if collective in ("all_gather", "gather"):
         return numpy.stack(inputs)
     if collective == "broadcast":
         return inputs[root]
     if collective == "scatter":
         return inputs[root][rank]
+    if collective == "all_to_all":
+        return numpy.stack([inputs[i][rank] for i in range(size)])
+    if collective == "scan":
+        return cases.reduce_reference(op, inputs[:rank + 1])
     return cases.reduce_reference(op, inputs)[rank]
 
 
@@ -256,7 +355,7 @@ def recvbuf_errors(recv, numeric, collective):
     if recv not in ("none", "wrong dtype") and not numeric:
         errors.add(InvalidTypeError)
     if recv in ("wrong shape", "wrong dtype", "read-only") or \
-            (recv == "same" and collective != "all_reduce"):  # only all_reduce works in place
+            (recv == "same" and collective not in IN_PLACE):
         errors.add(InvalidArgumentError)
     return errors
 
@@ -268,28 +367,29 @@ def errors_for(rank, collective, dtype, shape_name, recv, op, root, size):
     shape = shape_of(shape_name, size)
     numeric = numpy.dtype(dtype).kind in "biufc"
     passes_sendbuf = collective != "scatter" or rank == root  # as make_call does
+    root_ok = type(root) in (int, numpy.int64) and 0 <= root < size  # not True, 1.0, "0"
     errors = set()
-    if collective in ("all_reduce", "reduce_scatter"):
+    if collective in ("all_reduce", "reduce_scatter", "reduce", "scan"):
         if op not in collectives.OPS:
             errors.add(InvalidArgumentError)
         elif numeric and op not in cases.ops_for(dtype):  # bool sum, integer avg, complex max
             errors.add(InvalidTypeError)
-    if collective in ("broadcast", "scatter") and \
-            not (type(root) in (int, numpy.int64) and 0 <= root < size):  # True, 1.0, "0"
+    if collective in ("broadcast", "scatter", *ROOT_RESULT) and not root_ok:
         errors.add(InvalidArgumentError)
     if passes_sendbuf and not numeric:
         errors.add(InvalidTypeError)
-    if collective == "reduce_scatter" or (collective == "scatter" and passes_sendbuf):
+    if collective in ("reduce_scatter", "all_to_all") or \
+            (collective == "scatter" and passes_sendbuf):
         if not shape or shape[0] != size:  # one block per rank
             errors.add(InvalidArgumentError)
-    if collective != "broadcast":
+    if collective != "broadcast" and (collective not in ROOT_RESULT or rank == root):
         errors |= recvbuf_errors(recv, numeric, collective)
     return tuple(sorted(errors, key=lambda error: error.__name__))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=250, deadline=None)
 @given(collective=st.sampled_from(["all_reduce", "all_gather", "broadcast", "scatter",
-                                   "reduce_scatter"]),
+                                   "reduce_scatter", "gather", "reduce", "all_to_all", "scan"]),
        size=st.integers(1, 4), dtype=st.sampled_from(DTYPES), shape=st.sampled_from(SHAPES),
        recv=st.sampled_from(RECVBUFS), op=st.sampled_from(OPS), root=st.sampled_from(ROOTS))
 def test_random_arguments_work_or_raise_the_error_they_call_for(collective, size, dtype, shape,
@@ -303,8 +403,11 @@ def test_random_arguments_work_or_raise_the_error_they_call_for(collective, size
         results = collectives.spawn(make_call, size, *arguments, timeout=TIMEOUT)
         for rank, result in enumerate(results):
             want = reference(collective, dtype, shape, op, root, size, rank)
-            cases.assert_matches(numpy.asarray(result), numpy.asarray(want),
-                                 numpy.dtype(dtype).name)
+            if want is None:
+                assert result is None, f"rank {rank} is not the root but got a result"
+            else:
+                cases.assert_matches(numpy.asarray(result), numpy.asarray(want),
+                                     numpy.dtype(dtype).name)
         return
     with pytest.raises(collectives.CollectiveError) as caught:
         collectives.spawn(make_call, size, *arguments, timeout=TIMEOUT)

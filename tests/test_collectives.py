@@ -2,9 +2,10 @@
 
 Rank counts 1..6, element counts from 0 through counts below the rank count and primes to
 1e5, every dtype and op, every root, in place and not, contiguous or not, one segment or
-many, ring or one-shot, with the call check or without; data depends on rank and index.
-All-reduce results must be bitwise equal on all ranks, and the barrier must keep every rank in
-until the last one has come.
+many, ring or one-shot, with the call check or without, equal blocks or uneven ones
+(`counts=`); data depends on rank and index. All-reduce results must be bitwise equal on all
+ranks, and the barrier must keep every rank in until the last one has come. Point-to-point
+calls run as a ring shift (`sendrecv`) and a chain of `send`s and `recv`s.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pool import MAX_RANKS, VARIANTS
 examples = settings(max_examples=100, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture,
                                            HealthCheck.too_slow])
+fewer = settings(examples, max_examples=40)  # the collectives added later: a shorter suite
 
 sizes = st.integers(1, MAX_RANKS)
 counts = st.one_of(st.integers(0, 12), st.sampled_from([13, 31, 97, 1009, 7919]),
@@ -95,6 +97,110 @@ def test_reduce_scatter(run, size, count, dtype_op, variant):
     dtype, op = dtype_op
     results = run("reduce_scatter_case", size, variant, count=count, dtype=dtype, op=op)
     cases.check_reduce_scatter(results, count, dtype, op)
+
+
+@fewer
+@given(size_root=size_and_root(), count=counts, dtype=dtypes, layout=layouts,
+       recv=st.sampled_from(["none", "given", "in place"]), variant=variants)
+@example(size_root=(5, 2), count=13, dtype="complex64", layout="strided", recv="in place",
+         variant="auto")
+@example(size_root=(1, 0), count=0, dtype="bool", layout="flat", recv="given", variant="auto")
+def test_gather(run, size_root, count, dtype, layout, recv, variant):
+    size, root = size_root
+    results = run("gather_case", size, variant, count=count, dtype=dtype, layout=layout,
+                  root=root, recv=recv)
+    cases.check_gather(results, count, dtype, layout, root)
+
+
+@fewer
+@given(size_root=size_and_root(), count=counts, dtype_op=dtype_and_op(), layout=layouts,
+       in_place=st.booleans(), variant=variants)
+@example(size_root=(5, 4), count=1009, dtype_op=("float64", "avg"), layout="strided",
+         in_place=True, variant="ring")
+@example(size_root=(3, 1), count=2, dtype_op=("uint8", "prod"), layout="flat",
+         in_place=False, variant="auto")
+def test_reduce(run, size_root, count, dtype_op, layout, in_place, variant):
+    size, root = size_root
+    dtype, op = dtype_op
+    results = run("reduce_case", size, variant, count=count, dtype=dtype, op=op, layout=layout,
+                  root=root, in_place=in_place)
+    cases.check_reduce(results, count, dtype, op, layout, root)
+
+
+@fewer
+@given(size=sizes, count=st.integers(0, 20_000), dtype=dtypes, layout=layouts,
+       in_place=st.booleans(), variant=variants)
+@example(size=5, count=7, dtype="int16", layout="strided", in_place=True, variant="ring")
+def test_all_to_all(run, size, count, dtype, layout, in_place, variant):
+    results = run("all_to_all_case", size, variant, count=count, dtype=dtype, layout=layout,
+                  in_place=in_place)
+    cases.check_all_to_all(results, count, dtype)
+
+
+@fewer
+@given(size=sizes, count=counts, dtype_op=dtype_and_op(), layout=layouts,
+       in_place=st.booleans(), exclusive=st.booleans(), variant=variants)
+@example(size=5, count=97, dtype_op=("int32", "min"), layout="flat", in_place=False,
+         exclusive=True, variant="ring")
+@example(size=3, count=31, dtype_op=("float32", "avg"), layout="strided", in_place=True,
+         exclusive=False, variant="unchecked")
+def test_scan(run, size, count, dtype_op, layout, in_place, exclusive, variant):
+    dtype, op = dtype_op
+    results = run("scan_case", size, variant, count=count, dtype=dtype, op=op, layout=layout,
+                  in_place=in_place, exclusive=exclusive)
+    cases.check_scan(results, count, dtype, op, layout, exclusive)
+
+
+@st.composite
+def uneven_blocks(draw: st.DrawFn) -> tuple[int, int, str, list]:
+    """(size, root, collective, counts): uneven blocks, some empty, some of many segments; for
+    all-to-all a matrix or the numbers that stand for every row."""
+    size, root = draw(size_and_root())
+    collective = draw(st.sampled_from(["all_gather", "gather", "scatter", "reduce_scatter",
+                                       "all_to_all"]))
+    block = st.one_of(st.integers(0, 5), st.integers(0, 3000))
+    if collective == "all_to_all" and draw(st.booleans()):
+        return size, root, collective, [[draw(block) for _ in range(size)] for _ in range(size)]
+    return size, root, collective, [draw(block) for _ in range(size)]
+
+
+@fewer
+@given(uneven=uneven_blocks(), dtype_op=dtype_and_op(), variant=variants)
+@example(uneven=(5, 3, "reduce_scatter", [0, 2000, 1, 0, 7]), dtype_op=("float64", "sum"),
+         variant="ring")
+@example(uneven=(3, 0, "all_to_all", [[0, 3000, 1], [2, 0, 0], [5, 4, 3]]),
+         dtype_op=("int8", "max"), variant="ring")
+def test_uneven_blocks(run, uneven, dtype_op, variant):
+    size, root, collective, counts = uneven
+    dtype, op = dtype_op
+    results = run("uneven_case", size, variant, collective=collective, counts=counts,
+                  dtype=dtype, op=op, root=root)
+    cases.check_uneven(results, collective, counts, dtype, op, root)
+
+
+@st.composite
+def size_and_shift(draw: st.DrawFn) -> tuple[int, int]:
+    size = draw(sizes)
+    return size, draw(st.integers(0, size - 1))
+
+
+@fewer
+@given(size_shift=size_and_shift(), count=counts, dtype=dtypes, layout=layouts,
+       variant=variants)
+@example(size_shift=(5, 2), count=7919, dtype="float16", layout="strided", variant="ring")
+def test_sendrecv(run, size_shift, count, dtype, layout, variant):
+    size, shift = size_shift
+    results = run("sendrecv_case", size, variant, count=count, dtype=dtype, layout=layout,
+                  shift=shift)
+    cases.check_sendrecv(results, count, dtype, layout, shift)
+
+
+@fewer
+@given(size=sizes, count=counts, dtype=dtypes, variant=variants)
+@example(size=5, count=1009, dtype="uint64", variant="unchecked")
+def test_send_and_recv_in_a_chain(run, size, count, dtype, variant):
+    results = run("chain_case", size, variant, count=count, dtype=dtype)
+    cases.check_chain(results, count, dtype)
 
 
 @pytest.mark.parametrize("size", range(1, MAX_RANKS + 1))

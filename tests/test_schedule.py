@@ -8,7 +8,8 @@ must end where the collective's definition says, with every contribution exactly
 to 8 ranks and uneven counts, where some chunks are one element longer and some empty. The
 4-rank table in all_reduce.py's docstring is checked against a traced run, the naive
 all-reduces for the whole buffers they pass, and the bytes each rank moves against the bound
-of its algorithm, on thread ranks and on real MPI ranks.
+of its algorithm, on thread ranks and on real MPI ranks. (test_schedule_collectives.py does
+the same for gather, reduce, all-to-all, scan and sendrecv.)
 """
 
 from __future__ import annotations

@@ -148,8 +148,8 @@ class Transport(ABC):
         if sendbuf is None and accbuf is None:
             return
         self._count("reduce", sendbuf, dst, accbuf, src)
-        if accbuf is None:
-            self._sendrecv(sendbuf, dst, None, None)
+        if accbuf is None:  # the peer takes it in its own reduction, so cut it as that does
+            self._send_reduced(sendbuf, dst)
             return
         if inbuf is None:
             inbuf = accbuf
@@ -226,6 +226,12 @@ class Transport(ABC):
                 op(inbuf[lo:hi], scratch[: hi - lo], out=accbuf[lo:hi])
             else:
                 self._sendrecv(out, dst, None, None)
+
+    def _send_reduced(self, sendbuf: Any, dst: int) -> None:
+        """The sending half of a reduction whose receiving half is empty, cut as the receiver's
+        `_sendrecv_reduce` takes it: by the default (and mpi's), one message per segment."""
+        for lo, hi in segments(sendbuf.size, sendbuf.itemsize, self.segment_bytes):
+            self._sendrecv(sendbuf[lo:hi], dst, None, None)
 
     def _all_inputs(self, buf: Any, call: tuple[int, ...] | None) -> list[Any]:
         """The descriptors first, when a call is carried, then the data: two exchanges where a

@@ -6,7 +6,7 @@ every other rank of the node maps that region read-only. Memory per rank, whatev
 message: 4 slots of `segment_bytes` + 2 one-shot areas + a control page, 1.5 MiB by default.
 Nothing is left in /dev/shm after any exit, `kill -9` included (see shared_memory.py).
 
-Messages of 1 MiB and more in a ring step are read straight out of the sender's buffer, where
+Messages of 4 MiB and more in a ring step are read straight out of the sender's buffer, where
 the kernel allows it (cross-memory attach; see slots.py, "Direct reads");
 `RINGCC_SINGLE_COPY=0` keeps every message in the slots instead (and so does a kernel that
 refuses).

@@ -79,7 +79,7 @@ WORDS = LINE // 8  # 8-byte words per line
 CALL_LINE = struct.Struct(f"{CALL_WORDS + 1}Q")  # a call line: the descriptor, the input's size
 # Messages of at least this size, sent while receiving, go by direct reads where the memory kind
 # allows (see "Direct reads"): below it, measured, a copy through the slots costs less.
-DIRECT_BYTES = 1 << 20
+DIRECT_BYTES = 4 << 20
 # Control lines: two counters, then one per peer (consumed), then one per slot.
 BARRIER, PUBLISHED, CONSUMED = 0, 1, 2
 
@@ -204,6 +204,9 @@ class SlotTransport(Transport):
     def _sendrecv_reduce(self, sendbuf: Any | None, dst: int | None,
                          accbuf: Any, src: int, op: ReduceOp, inbuf: Any) -> None:
         self._stream(sendbuf, dst, accbuf, src, op, inbuf)
+
+    def _send_reduced(self, sendbuf: Any, dst: int) -> None:
+        self._stream(sendbuf, dst, None, None, None, None)  # a receiver streams it whole
 
     def _stream(self, sendbuf: Any | None, dst: int | None, recvbuf: Any | None,
                 src: int | None, op: ReduceOp | None, inbuf: Any | None) -> None:

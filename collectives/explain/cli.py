@@ -24,9 +24,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("collective", choices=list(LESSONS))
     parser.add_argument("--ranks", type=int, help="thread ranks (default 4); under mpiexec the "
                         "job's ranks")
-    parser.add_argument("--count", type=int, default=8, help="elements in the buffer (all-gather:"
-                        " the output; reduce-scatter, scatter: the input)")
-    parser.add_argument("--root", type=int, help="root rank (broadcast, scatter, "
+    parser.add_argument("--count", type=int, default=8, help="elements in the buffer (all-gather,"
+                        " gather: the output; reduce-scatter, scatter, all-to-all: the input)")
+    parser.add_argument("--root", type=int, help="root rank (broadcast, scatter, gather, reduce, "
                         "reduce_broadcast)")
     parser.add_argument("--op", choices=list(REDUCE), help="reduction (default sum)")
     # Real ranks: the transports of an MPI job that move NumPy arrays, listed by name.

@@ -51,6 +51,10 @@ def _everything(rank: int, setup: Setup) -> tuple[int, int]:
     return 0, setup.count
 
 
+def _every_rank_reduced(rank: int, setup: Setup) -> int:
+    return setup.size
+
+
 @dataclass(frozen=True, kw_only=True)
 class Lesson:
     """How to show one collective: how a rank's buffer starts (`start`: the array the trace's
@@ -71,14 +75,17 @@ class Lesson:
     # op "avg": the phase after whose last move a rank divides `averaged(rank)` by N.
     average_phase: str = ""
     averaged: Callable[[int, Setup], tuple[int, int]] = _everything
+    divisor: Callable[[int, Setup], int] = _every_rank_reduced  # what "avg" divides by
     boxes: bool = False  # naive ring: moves land in two boxes, then reduce into the buffer
 
 
-def _reduced(setup: Setup) -> numpy.ndarray:
-    """NumPy's reduction of every rank's readable buffer: the reference for the reductions."""
-    stack = numpy.stack([readable(r, setup.count) for r in range(setup.size)])
+def _reduced(setup: Setup, ranks: int | None = None) -> numpy.ndarray:
+    """NumPy's reduction of the readable buffers of ranks 0..ranks-1 (default: every rank):
+    the reference for the reductions."""
+    ranks = setup.size if ranks is None else ranks
+    stack = numpy.stack([readable(r, setup.count) for r in range(ranks)])
     total = REDUCE[setup.op].reduce(stack, axis=0)
-    return total / setup.size if setup.op == "avg" else total
+    return total / ranks if setup.op == "avg" else total
 
 
 def _blocks(setup: Setup) -> list[tuple[int, int]]:
@@ -164,6 +171,93 @@ def _reduce_scatter_target(rank: int, setup: Setup) -> numpy.ndarray:
     return _only(_reduced(setup), *_blocks(setup)[rank])
 
 
+def _nothing(setup: Setup) -> numpy.ndarray:
+    """A rank's result where the collective leaves it none (a gather's other ranks)."""
+    return numpy.full(setup.count, EMPTY)
+
+
+def _gather_run(comm: Communicator, start: numpy.ndarray, setup: Setup) -> numpy.ndarray:
+    lo, hi = _blocks(setup)[comm.rank]
+    if comm.rank != setup.root:
+        comm.gather(start[lo:hi], None, setup.root)
+        return numpy.empty(0)
+    # In place: the root's own block is already where the result wants it.
+    return comm.gather(start[lo:hi], start.reshape(setup.size, setup.block), setup.root)
+
+
+def _gather_target(rank: int, setup: Setup) -> numpy.ndarray:
+    if rank != setup.root:
+        return _nothing(setup)
+    return numpy.concatenate([readable(k, setup.block) for k in range(setup.size)])
+
+
+def _gather_sends(setup: Setup) -> tuple[list[float], str]:
+    sent = [setup.nbytes / setup.size] * setup.size
+    sent[setup.root] = 0.0
+    return sent, "S/N each, its block, but the root: the least possible"
+
+
+def _reduce_run(comm: Communicator, start: numpy.ndarray, setup: Setup) -> numpy.ndarray:
+    result = comm.reduce(start, None, op=setup.op, root=setup.root)
+    return numpy.empty(0) if result is None else result
+
+
+def _reduce_sends(setup: Setup) -> tuple[list[float], str]:
+    sent = [float(setup.nbytes)] * setup.size
+    lo, hi = chunk_bounds(setup.count, setup.size)[setup.root]
+    sent[setup.root] -= (hi - lo) * DTYPE.itemsize
+    return sent, "S each: every chunk round the ring but its own, then its own to the root"
+
+
+def _all_to_all_start(rank: int, setup: Setup) -> numpy.ndarray:
+    """The buffer sent, then the one received, whose own block a rank copies itself: shown
+    in place from the start, since no message carries it."""
+    out = numpy.full(2 * setup.count, EMPTY)
+    out[:setup.count] = readable(rank, setup.count)
+    lo, hi = _blocks(setup)[rank]
+    out[setup.count + lo:setup.count + hi] = out[lo:hi]
+    return out
+
+
+def _all_to_all_run(comm: Communicator, start: numpy.ndarray, setup: Setup) -> numpy.ndarray:
+    halves = start.reshape(2, setup.size, setup.block)
+    comm.all_to_all(halves[0], halves[1])
+    return start
+
+
+def _all_to_all_target(rank: int, setup: Setup) -> numpy.ndarray:
+    lo, hi = _blocks(setup)[rank]
+    received = [readable(k, setup.count)[lo:hi] for k in range(setup.size)]
+    return numpy.concatenate([readable(rank, setup.count), *received])
+
+
+def _scan_sends(setup: Setup) -> tuple[list[float], str]:
+    distances = [1 << k for k in range((setup.size - 1).bit_length())]
+    return ([sum(r + d < setup.size for d in distances) * float(setup.nbytes)
+             for r in range(setup.size)],
+            "S in each step k where r + 2^k < N: ceil(log2(N - r)) S from rank r")
+
+
+def _sendrecv_start(rank: int, setup: Setup) -> numpy.ndarray:
+    """The buffer sent, then the one received (on one rank, which copies: shown done)."""
+    out = numpy.full(2 * setup.count, EMPTY)
+    out[:setup.count] = readable(rank, setup.count)
+    if setup.size == 1:
+        out[setup.count:] = out[:setup.count]
+    return out
+
+
+def _sendrecv_run(comm: Communicator, start: numpy.ndarray, setup: Setup) -> numpy.ndarray:
+    rank, size, count = comm.rank, comm.size, setup.count
+    comm.sendrecv(start[:count], (rank + 1) % size, start[count:], (rank - 1) % size)
+    return start
+
+
+def _sendrecv_target(rank: int, setup: Setup) -> numpy.ndarray:
+    return numpy.concatenate([readable(rank, setup.count),
+                              readable((rank - 1) % setup.size, setup.count)])
+
+
 LESSONS: dict[str, Lesson] = {
     "all_reduce": Lesson(
         title="ring all-reduce", piece="chunk", grid=lambda s: chunk_bounds(s.count, s.size),
@@ -197,6 +291,31 @@ LESSONS: dict[str, Lesson] = {
         title="scatter from the root", piece="block", grid=_blocks, start=_scatter_start,
         run=_scatter_run, target=_scatter_target, sends=_scatter_sends, rooted=True,
         blocks=True),
+    "gather": Lesson(
+        title="gather to the root", piece="block", grid=_blocks, start=_all_gather_start,
+        run=_gather_run, target=_gather_target, sends=_gather_sends, rooted=True, blocks=True),
+    "reduce": Lesson(
+        title="reduce to the root: ring reduce-scatter, then gather", piece="chunk",
+        grid=lambda s: chunk_bounds(s.count, s.size), run=_reduce_run,
+        target=lambda r, s: _reduced(s) if r == s.root else _nothing(s), sends=_reduce_sends,
+        reduces=True, rooted=True, average_phase="reduce-scatter",
+        averaged=lambda r, s: chunk_bounds(s.count, s.size)[r]),
+    "all_to_all": Lesson(
+        title="pairwise all-to-all (sent, then received)", piece="block", grid=_blocks,
+        start=_all_to_all_start, run=_all_to_all_run, target=_all_to_all_target,
+        sends=_every_rank(lambda s: (s.size - 1) * s.nbytes / s.size,
+                          "(N-1)/N S each, S the buffer: every block but its own, once"),
+        blocks=True),
+    "scan": Lesson(
+        title="inclusive scan by recursive doubling", piece="buffer", grid=_whole,
+        run=lambda comm, buf, s: comm.scan(buf, op=s.op),
+        target=lambda r, s: _reduced(s, r + 1), sends=_scan_sends, reduces=True,
+        average_phase="scan", divisor=lambda r, s: r + 1),
+    "sendrecv": Lesson(
+        title="ring shift by sendrecv (sent, then received)", piece="buffer",
+        grid=_whole, start=_sendrecv_start, run=_sendrecv_run, target=_sendrecv_target,
+        sends=_every_rank(lambda s: s.nbytes if s.size > 1 else 0,
+                          "S each, to the next rank; a rank alone copies")),
     "naive_ring": Lesson(
         title="whole-buffer ring all-reduce (naive)", piece="buffer", grid=_whole,
         run=_naive("naive_ring"), target=_all_reduce_target,

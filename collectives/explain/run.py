@@ -90,7 +90,7 @@ class Run:
 
     def note(self, divide: Divide) -> str:
         """'rank 1 divides [2:4) by 4 (op avg)'."""
-        return (f"rank {divide.rank} divides [{divide.lo}:{divide.hi}) by {self.setup.size} "
+        return (f"rank {divide.rank} divides [{divide.lo}:{divide.hi}) by {divide.by} "
                 f"(op avg)")
 
     def written(self, step: int) -> list[numpy.ndarray]:

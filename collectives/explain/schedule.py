@@ -26,11 +26,13 @@ class Move:
 
 @dataclass(frozen=True)
 class Divide:
-    """Op "avg": after a step, `rank` divides its elements [lo, hi) by N."""
+    """Op "avg": after a step, `rank` divides its elements [lo, hi) by `by` (the ranks it
+    has reduced: N, or for a scan r + 1)."""
 
     rank: int
     lo: int
     hi: int
+    by: int
 
 
 def drop_scatter_headers(records: list[dict]) -> list[dict]:
@@ -96,8 +98,9 @@ def replay(lesson: Lesson, setup: Setup, frames: list[list[Move]],
     and, for each step, the ranges ranks divide after it (op "avg").
 
     Each step first reads everything that is sent, then lands it: a rank never sends what it
-    receives in the same step. For op "avg", a rank divides its reduced range by N after the
-    last step in which it received during `lesson.average_phase`, as the algorithms do.
+    receives in the same step. For op "avg", a rank that received during
+    `lesson.average_phase` divides its reduced range (by N, or as the lesson says) after its
+    last step of that phase, as the algorithms do.
     """
     op = REDUCE[setup.op]
     shown = [lesson.start(r, setup) for r in range(setup.size)]
@@ -106,10 +109,9 @@ def replay(lesson: Lesson, setup: Setup, frames: list[list[Move]],
     divide_after = {}  # rank -> after how many of its steps it divides
     if setup.op == "avg":
         for rank, mine in enumerate(records):
-            reduced = [k for k, r in enumerate(mine)
-                       if r["phase"] == lesson.average_phase and r["recv"] is not None]
-            if reduced:
-                divide_after[rank] = reduced[-1] + 1
+            steps = [k for k, r in enumerate(mine) if r["phase"] == lesson.average_phase]
+            if any(mine[k]["recv"] is not None for k in steps):
+                divide_after[rank] = steps[-1] + 1
     done = [0] * setup.size
     states, divides = [[b.copy() for b in shown]], []
     for frame in frames:
@@ -128,7 +130,8 @@ def replay(lesson: Lesson, setup: Setup, frames: list[list[Move]],
             done[rank] += 1
             if divide_after.get(rank) == done[rank]:
                 lo, hi = lesson.averaged(rank, setup)
-                numpy.true_divide(shown[rank][lo:hi], setup.size, out=shown[rank][lo:hi])
-                divides[-1].append(Divide(rank, lo, hi))
+                by = lesson.divisor(rank, setup)
+                numpy.true_divide(shown[rank][lo:hi], by, out=shown[rank][lo:hi])
+                divides[-1].append(Divide(rank, lo, hi, by))
         states.append([b.copy() for b in shown])
     return states, divides

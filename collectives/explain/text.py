@@ -16,15 +16,20 @@ def _number(value: float) -> str:
 
 
 def buffer_rows(run: Run, state: list[numpy.ndarray], width: int) -> list[str]:
-    """`rank r  [ a b | c d ]`, with a bar between the pieces of the grid."""
+    """`rank r  [ a b | c d ]`, with a bar between the pieces of the grid (and two between a
+    buffer sent and the one received, where a lesson shows both)."""
     if run.setup.count > MAX_SHOWN:
         return []
+    count = run.setup.count
     cuts = {hi for lo, hi in run.lesson.grid(run.setup)[:-1]}
     rows = []
     for rank, values in enumerate(state):
         cells = []
         for i, v in enumerate(values):
-            if i in cuts and values.size == run.setup.count:
+            whole = count and values.size % count == 0  # the buffer, or sent then received
+            if whole and i and i % count == 0:
+                cells.append("||")
+            elif whole and i % count in cuts:
                 cells.append("|")
             cells.append(_number(v).rjust(width))
         rows.append(f"  rank {rank}  [ {' '.join(cells)} ]")

@@ -1,0 +1,50 @@
+"""Gather to a root: block r of the root's result comes from rank r.
+
+Every rank but the root sends its block straight to the root, which takes them in turn,
+starting with its right neighbour: scatter.py, the other way round. With root 0 of 4 ranks, as
+"sent/received" block numbers ("-": nothing; a test checks the table against the code):
+
+        1 ---+
+             v
+        2 -> 0       each arrow: one message of one block
+             ^
+        3 ---+
+
+    phase   step   rank 0   rank 1   rank 2   rank 3
+    gather  0      -/1      1/-      -        -
+    gather  1      -/2      -        2/-      -
+    gather  2      -/3      -        -        3/-
+
+The root receives the N-1 blocks it lacks, (N-1)/N S of a result of S bytes, and every other
+rank sends its block once, S/N: the least a gather can move. The senders all start at once
+(on shared memory each copies into its own slots, so the root's receives follow one another
+without waiting), and the root copies its own block first, while their first segments land.
+A binomial tree would cut the root's N-1 steps to log2 N by forwarding blocks through other
+ranks: worth it where each message pays a long latency, not between the cores of one node.
+
+Uneven blocks (`counts`, MPI's Gatherv) follow the same schedule with uneven bounds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transports.base import Transport
+
+
+def gather_to_root(transport: Transport, mine: Any | None, work: Any,
+                   bounds: list[tuple[int, int]], root: int) -> None:
+    """Send the flat array `mine` (block `rank`) to `root`, which fills its flat result `work`
+    with block r from rank r at `bounds[r]`. At the root `mine` is copied into its own block,
+    unless it is None: already in place. Other ranks' `work` is not used."""
+    rank, size = transport.rank, transport.size
+    if rank != root:
+        transport.at("gather", (rank - root) % size - 1)
+        transport.send(mine, root)
+        return
+    if mine is not None:
+        work[slice(*bounds[root])] = mine
+    for step in range(size - 1):
+        peer = (root + 1 + step) % size
+        transport.at("gather", step)
+        transport.recv(work[slice(*bounds[peer])], peer)

@@ -1,0 +1,55 @@
+"""Reduce to a root: the root gets the reduction of every rank's buffer (Rabenseifner's).
+
+Two passes, both made of pieces that already exist:
+
+1. Ring reduce-scatter (reduce_scatter.py): the buffer is cut into N chunks and, after N-1
+   steps round the ring, rank r holds chunk r fully reduced. Every rank reduces one chunk, so
+   the arithmetic is spread over all of them.
+2. Gather (gather.py): every rank but the root sends its reduced chunk to the root.
+
+With 3 ranks and root 0, as "sent/received" chunk numbers ("-": nothing; a test runs the code
+and checks this table against what it does):
+
+    pass            step   rank 0   rank 1   rank 2
+    reduce-scatter  0      2/1      0/2      1/0
+    reduce-scatter  1      1/0      2/1      0/2
+    gather          0      -/1      1/-      -
+    gather          1      -/2      -        2/-
+
+In the first pass what arrives is reduced into this rank's own copy of the chunk, which it
+sends on in the next step, so rank r ends with chunk r reduced over every rank; in the second
+the root copies the others' chunks into place.
+
+Cost, for S bytes: every rank but the root sends S ((N-1)/N S in the first pass, its chunk S/N
+in the second), the root (N-1)/N S; the root receives 2(N-1)/N S. A pipelined chain (each rank
+receives the running reduction, adds its own and passes it on) would send S from every rank
+and receive S at the root, but each rank would reduce the whole buffer, and the last segment
+would reach the root only after N-1 hops. Both keep scratch at S on every rank but the root.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transports.base import ReduceOp, Transport
+
+from .chunking import chunk_bounds
+from .gather import gather_to_root
+from .ring import reduce_scatter_pass
+
+
+def reduce_to_root(transport: Transport, mine: Any, work: Any, op: ReduceOp, root: int,
+                   average: bool = False) -> None:
+    """Reduce the flat array `mine` over every rank into `work` (flat, the same size) at
+    `root`; elsewhere `work` is scratch. `mine` may be `work` itself (in place)."""
+    size, rank = transport.size, transport.rank
+    if size == 1:
+        if mine is not work:
+            work[...] = mine
+        return
+    bounds = chunk_bounds(work.size, size)
+    owned = reduce_scatter_pass(transport, work, bounds, op, first=-1, mine=mine)
+    chunk = work[slice(*bounds[owned])]
+    if average:
+        transport.xp.true_divide(chunk, size, out=chunk)
+    gather_to_root(transport, None if rank == root else chunk, work, bounds, root)

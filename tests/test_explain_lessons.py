@@ -1,0 +1,55 @@
+"""The explainer's lessons of gather, reduce, all-to-all, scan and sendrecv: each replay ends
+where the collective did, the bytes each rank sent are those its lesson expects, and the
+pictures draw them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import collectives
+from collectives import explain
+from collectives.explain import picture
+
+CASES = [("gather", 4, 8, None), ("gather", 1, 3, None), ("gather", 3, 0, None),
+         ("reduce", 3, 7, "avg"), ("reduce", 5, 10, "min"), ("reduce", 2, 1, "sum"),
+         ("all_to_all", 3, 6, None), ("all_to_all", 4, 0, None), ("all_to_all", 1, 2, None),
+         ("scan", 5, 3, "avg"), ("scan", 3, 4, "prod"), ("scan", 1, 2, "sum"),
+         ("sendrecv", 4, 3, None), ("sendrecv", 1, 2, None)]
+
+
+@pytest.mark.parametrize("collective, size, count, op", CASES)
+def test_the_replay_ends_where_the_collective_did(collective, size, count, op):
+    setup = explain.Setup(collective, size, count, root=size - 1, op=op or "sum",
+                          segment_bytes=16)
+    per_rank = collectives.spawn(explain.run_rank, size, setup, (collective,),
+                                 segment_bytes=16)
+    text, run = explain.explain(setup, json.loads(json.dumps(per_rank)), "threads")
+    assert run.replay_matches and run.reference_matches, text
+    sent = text[text.index("bytes each rank sent"):].splitlines()[1:]
+    assert len(sent) == size and all(line.endswith("(as expected)") for line in sent), text
+    assert "<svg" in picture.svg(run) and "<html" in picture.html(run)
+
+
+def test_scan_averages_divide_by_the_ranks_each_one_reduced(capsys):
+    explain.main(["scan", "--ranks", "4", "--count", "2", "--op", "avg"])
+    out = capsys.readouterr().out
+    assert [line.strip() for line in out.splitlines() if "divides" in line] == \
+        [f"rank {r} divides [0:2) by {r + 1} (op avg)" for r in (1, 2, 3)]
+    assert "ends where the collective did, on every rank: yes" in out
+
+
+def test_all_to_all_shows_the_buffer_sent_then_the_buffer_received(capsys):
+    explain.main(["all_to_all", "--ranks", "2", "--count", "4"])
+    out = capsys.readouterr().out
+    assert "  rank 0  [  0  1 |  2  3 ||  0  1 |  -  - ]" in out  # its own block, copied
+    assert "  rank 1 -> rank 0: block 0 [0:2) into [6:8) copy" in out
+    assert "  rank 0  [  0  1 |  2  3 ||  0  1 | 10 11 ]" in out
+
+
+def test_a_gather_lesson_refuses_a_count_of_uneven_blocks():
+    with pytest.raises(SystemExit):
+        explain.main(["gather", "--ranks", "4", "--count", "6"])
+    with pytest.raises(SystemExit):
+        explain.main(["sendrecv", "--op", "sum"])

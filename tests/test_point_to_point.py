@@ -1,0 +1,159 @@
+"""Point-to-point calls: the pair's check, the numbering of messages, and how they fail.
+
+`send`, `recv` and `sendrecv` concern two ranks: they check each message between the two
+(check.pair_agree) instead of on every rank. A mismatch (a count, a dtype, two ranks that both
+send or both receive, a collective met) raises MismatchError on both ends before any data
+moves, and both can go on; a rank left waiting times out naming the message; the check's own
+exchanges are neither counted nor traced. The bodies that need real ranks run
+through the `run` fixture, on thread ranks and on every pool transport.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy
+import pytest
+
+import collectives
+from cases import values
+
+TIMEOUT = 3  # seconds: a rank left waiting gives up after this
+
+
+@pytest.mark.parametrize("what, message", [
+    ("count", "rank 0 sends message #N (count 4, float64) to rank 1, but rank 1 receives "
+              "message #N (count 5, float64) from rank 0; the count differs"),
+    ("dtype", "rank 0 sends message #N (count 4, float64) to rank 1, but rank 1 receives "
+              "message #N (count 4, float32) from rank 0; the dtype differs"),
+    ("both send", "rank 0 sends message #N (count 4, float64) to rank 1, but rank 1 sends "
+                  "message #N (count 4, float64) to rank 0 at the same time; a send needs a "
+                  "matching recv"),
+    ("both receive", "rank 1 receives message #N (count 4, float64) from rank 0, but rank 0 "
+                     "receives message #N (count 4, float64) from rank 1 at the same time; a "
+                     "recv needs a matching send"),
+])
+def test_both_ends_of_a_mismatched_message_raise_and_go_on(run, what, message):
+    """Both ends say the same; the numbers are those of messages the pool's ranks have
+    passed before."""
+    results = run("mismatch_case", 3, "auto", what=what)
+    for rank, result in enumerate(results):
+        if rank < 2:  # the pair; rank 2 took no part
+            said = re.sub(r"#\d+", "#N", result["result"])
+            assert said.startswith(f"MismatchError: rank {rank}: {message}"), said
+        else:
+            assert result["result"] is None
+        numpy.testing.assert_array_equal(result["after"], values((rank - 1) % 3, 3, "int32"))
+        assert result["stats"]["bytes_sent"] == 3 * 4, "a mismatched message sent data"
+
+
+def test_counts_that_differ_raise_mismatch_on_every_rank_of_every_transport(run):
+    for rank, result in enumerate(run("mismatch_case", 3, "auto", what="counts")):
+        said = re.sub(r"#\d+ ", "#N ", result["result"])  # the pool's calls go on counting
+        assert said.startswith(f"MismatchError: rank {rank}: ranks disagree: rank 0 called "
+                               f"all_gather #N (counts #")
+        assert result["result"].endswith("; the counts differ")
+        numpy.testing.assert_array_equal(result["after"], values((rank - 1) % 3, 3, "int32"))
+
+
+def test_without_the_check_the_transport_finds_a_wrong_size():
+    def body(comm):
+        if comm.rank == 0:
+            comm.send(numpy.zeros(4), 1)
+        else:
+            comm.recv(numpy.zeros(5), 0)
+
+    with pytest.raises(collectives.MismatchError, match="rank 1 expected 40 bytes from rank 0 "
+                                                        "but got 32 during recv #1 from rank 0"):
+        collectives.spawn(body, 2, check=False, timeout=TIMEOUT)
+
+
+def test_a_receive_that_no_rank_sends_to_times_out_naming_the_message():
+    def body(comm):
+        if comm.rank == 1:
+            comm.recv(numpy.zeros(3), 0)  # rank 0 returns at once
+
+    with pytest.raises(collectives.CollectiveTimeoutError,
+                       match=r"rank 1 waited 0.5 s for a message from rank 0 during recv #1 "
+                             r"from rank 0 \(check step 0\)"):
+        collectives.spawn(body, 2, timeout=0.5)
+
+
+def test_without_the_check_two_receives_time_out_and_leave_the_communicator_broken():
+    def body(comm):
+        with pytest.raises(collectives.CollectiveTimeoutError):
+            comm.recv(numpy.zeros(3), 1 - comm.rank)  # each waits for the other to send
+        with pytest.raises(collectives.CollectiveError, match="cannot be used since recv #1 "
+                                                              "from rank"):
+            comm.barrier()
+
+    collectives.spawn(body, 2, check=False, timeout=0.5)
+
+
+def test_messages_are_numbered_per_peer_and_only_their_data_is_counted_and_traced():
+    def body(comm):
+        with comm.trace() as records:
+            if comm.rank == 0:
+                comm.send(numpy.arange(4.0), 1)
+                comm.send(numpy.arange(6, dtype="int16"), 1)
+                comm.send(numpy.arange(2.0), 2)
+            elif comm.rank == 1:
+                first, second = numpy.empty(4), numpy.empty((2, 3), "int16")
+                comm.recv(first, 0)
+                comm.recv(second, 0)  # filled flat
+                assert first.tolist() == [0, 1, 2, 3] and second.ravel().tolist() == [*range(6)]
+            else:
+                assert comm.recv(numpy.empty(2), 0).tolist() == [0, 1]
+        return [(r["where"], r["phase"], r["bytes"]) for r in records], vars(comm.stats).copy()
+
+    (sent, stats0), (received, stats1), (other, _) = collectives.spawn(body, 3, timeout=TIMEOUT)
+    assert sent == [("send #1 to rank 1", "send", 32), ("send #2 to rank 1", "send", 12),
+                    ("send #1 to rank 2", "send", 16)]
+    assert received == [("recv #1 from rank 0", "recv", 0), ("recv #2 from rank 0", "recv", 0)]
+    assert other == [("recv #1 from rank 0", "recv", 0)]
+    assert stats0 == {"bytes_sent": 60, "bytes_received": 0, "messages": 3}
+    assert stats1 == {"bytes_sent": 0, "bytes_received": 44, "messages": 0}
+
+
+def test_sendrecv_with_itself_copies_and_defaults_to_a_new_array_from_its_peer():
+    def body(comm):
+        mine = numpy.arange(3.0) + comm.rank
+        if comm.size == 1:
+            return comm.sendrecv(mine, 0).tolist()
+        return comm.sendrecv(mine, 1 - comm.rank).tolist()  # recvbuf new, src = dst
+
+    assert collectives.spawn(body, 1) == [[0.0, 1.0, 2.0]]
+    assert collectives.spawn(body, 2) == [[1.0, 2.0, 3.0], [0.0, 1.0, 2.0]]
+
+
+def test_empty_messages_are_checked_but_move_nothing():
+    def body(comm):
+        if comm.rank == 0:
+            comm.send(numpy.zeros(0), 1)
+        else:
+            comm.recv(numpy.zeros(0), 0)
+        return vars(comm.stats).copy()
+
+    assert collectives.spawn(body, 2) == [{"bytes_sent": 0, "bytes_received": 0,
+                                           "messages": 0}] * 2
+    with pytest.raises(collectives.MismatchError, match="count 0, float64"):
+        collectives.spawn(lambda c: c.send(numpy.zeros(0), 1) if c.rank == 0
+                          else c.recv(numpy.zeros(1), 0), 2, timeout=TIMEOUT)
+
+
+def test_a_receive_met_by_a_collective_raises_on_both_ranks():
+    """Rank 1 waits for a message while rank 0 enters a barrier: each check meets the other's
+    description, and both say what the other did instead."""
+    def body(comm):
+        with pytest.raises(collectives.MismatchError) as caught:
+            if comm.rank == 0:
+                comm.barrier()
+            else:
+                comm.recv(numpy.zeros(3), 0)
+        return str(caught.value)
+
+    barrier, receive = collectives.spawn(body, 2, timeout=TIMEOUT)
+    assert barrier == ("rank 0: ranks disagree: rank 1 called recv #1 (count 3, float64), but "
+                       "rank 0 called barrier #1; the collective differs")
+    assert receive == ("rank 1: rank 1 calls recv #1 (count 3, float64) with rank 0, which "
+                       "makes a collective call")
