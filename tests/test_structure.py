@@ -16,8 +16,9 @@ PACKAGES = ("collectives", "transports", "trainer", "benchmarks")
 # What a transport may import from its own package: the base layer, shared by all of them.
 TRANSPORT_BASE = {"transports", "transports.base", "transports.errors", "transports.bootstrap",
                   "transports.cuda", "transports.shared_memory", "transports.slots"}
-ALGORITHMS = ("all_reduce", "all_gather", "broadcast", "scatter", "reduce_scatter", "ring",
-              "naive", "chunking", "ops")
+ALGORITHMS = ("all_reduce", "all_gather", "broadcast", "scatter", "reduce_scatter", "gather",
+              "reduce", "all_to_all", "scan", "ring", "naive", "chunking", "ops", "blocks",
+              "point_to_point", "check")
 
 
 def module_name(path: Path) -> str:
