@@ -22,7 +22,9 @@ the same parameters (C++ `verify_params_across_processes`), and a group without 
 with "No backend type associated with device type cpu".
 
 A communicator that serves torch runs its calls on that worker: make them through torch, or
-through `run`, not directly from another thread at the same time. PyTorch stays optional:
+through `run`, not directly from another thread at the same time. Since the calls run one
+after another, a send, which waits for its receiver (checked point-to-point calls do), holds
+every call queued behind it: pair sends and receives so that each send's receiver comes. PyTorch stays optional:
 nothing else in ringcc imports it.
 """
 
@@ -199,33 +201,87 @@ class ProcessGroup(dist.ProcessGroup):
     def barrier(self, opts: Any = None) -> dist.Work:
         return self._work(self.comm.barrier, None)
 
-    # ---- what ringcc does not offer: a clear error rather than PyTorch's own --------------
+    def gather(self, output_tensors: list[list[torch.Tensor]],
+               input_tensors: list[torch.Tensor], opts: Any) -> dist.Work:
+        root = opts.rootRank
+        mine = as_array(input_tensors[0], "gather")
+        outs = [as_array(t, "gather") for t in output_tensors[0]] \
+            if self.comm.rank == root else []
 
-    def _unsupported(self, call: str) -> None:
-        raise NotImplementedError(f"the ringcc backend does not implement {call}; it serves "
-                                  f"all_reduce, all_gather, all_gather_into_tensor, "
-                                  f"reduce_scatter, reduce_scatter_tensor, broadcast, scatter "
-                                  f"and barrier")
+        def gather() -> None:
+            blocks = self.comm.gather(mine, root=root)
+            for out, block in zip(outs, blocks if blocks is not None else []):
+                out[...] = block
+        return self._work(gather, output_tensors)
 
-    def gather(self, *args: Any) -> dist.Work:
-        self._unsupported("gather")
+    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:
+        op, root = reduce_op(opts.reduceOp, "reduce"), opts.rootRank
+        arrays = [as_array(t, "reduce") for t in tensors]
 
-    def reduce(self, *args: Any) -> dist.Work:
-        self._unsupported("reduce")
+        def reduce() -> None:
+            for array in arrays:
+                result = self.comm.reduce(array, op=op, root=root)
+                if result is not None:  # the root's tensor takes the result, as in PyTorch
+                    array[...] = result
+        return self._work(reduce, tensors)
 
-    def alltoall(self, *args: Any) -> dist.Work:
-        self._unsupported("all_to_all")
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor,
+                      output_split_sizes: list[int], input_split_sizes: list[int],
+                      opts: Any) -> dist.Work:
+        size = self.comm.size
+        out, mine = as_array(output, "all_to_all_single"), as_array(input, "all_to_all_single")
+        if not input_split_sizes and not output_split_sizes:
+            if mine.size % size or out.size != mine.size:
+                raise InvalidArgumentError(f"all_to_all_single: {mine.size} and {out.size} "
+                                           f"elements do not cut into {size} equal blocks")
+            return self._work(lambda: self.comm.all_to_all(mine.reshape(size, -1),
+                                                           out.reshape(size, -1)), output)
+        row = int(numpy.prod(mine.shape[1:]))  # splits count rows of the first dimension
 
-    def alltoall_base(self, *args: Any) -> dist.Work:
-        self._unsupported("all_to_all_single")
+        def uneven() -> None:
+            # Every rank must pass the whole matrix of counts (MPI's Alltoallv, as ringcc
+            # checks it): each rank says what it sends, and all learn it.
+            sends = numpy.array(input_split_sizes or [mine.shape[0] // size] * size) * row
+            matrix = self.comm.all_gather(sends.astype(numpy.int64))
+            self.comm.all_to_all(mine.reshape(-1), out.reshape(-1), counts=matrix.tolist())
+        return self._work(uneven, output)
 
     all_to_all_single = alltoall_base
 
-    def send(self, *args: Any) -> dist.Work:
-        self._unsupported("send")
+    def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
+                 opts: Any) -> dist.Work:
+        outs = [as_array(t, "all_to_all") for t in output_tensors]
+        ins = [as_array(t, "all_to_all") for t in input_tensors]
 
-    def recv(self, *args: Any) -> dist.Work:
-        self._unsupported("recv")
+        def exchange() -> None:
+            if len({a.size for a in ins + outs}) == 1:
+                received = self.comm.all_to_all(numpy.stack(ins))
+            else:  # uneven blocks: every rank learns what every rank sends
+                sends = numpy.array([a.size for a in ins], numpy.int64)
+                matrix = self.comm.all_gather(sends).tolist()
+                flat = self.comm.all_to_all(numpy.concatenate([a.reshape(-1) for a in ins]),
+                                            counts=matrix)
+                bounds = numpy.cumsum([0] + [a.size for a in outs])
+                received = [flat[lo:hi] for lo, hi in zip(bounds, bounds[1:])]
+            for out, block in zip(outs, received):
+                out[...] = block.reshape(out.shape)
+        return self._work(exchange, output_tensors)
+
+    def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> dist.Work:  # noqa: N803
+        arrays = [as_array(t, "send") for t in tensors]
+        return self._work(lambda: [self.comm.send(a, dstRank) for a in arrays], tensors)
+
+    def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> dist.Work:  # noqa: N803
+        arrays = [as_array(t, "recv") for t in tensors]
+        return self._work(lambda: [self.comm.recv(a, srcRank) for a in arrays], tensors)
+
+    # ---- what ringcc does not offer: a clear error rather than PyTorch's own --------------
+
+    def _unsupported(self, call: str) -> None:
+        raise NotImplementedError(f"the ringcc backend does not implement {call}")
+
+    def recv_anysource(self, *args: Any) -> dist.Work:
+        self._unsupported("recv from any source")
 
     def allreduce_coalesced(self, *args: Any) -> dist.Work:
         self._unsupported("all_reduce_coalesced")

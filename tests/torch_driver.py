@@ -79,10 +79,47 @@ def calls_scenario(gloo: dist.ProcessGroup) -> None:
         same(block, values(rank, 5).to(torch.int64) * (root + 1), f"scatter from {root}")
     dist.barrier()
 
+    for root in range(size):
+        gathered = [torch.empty(4) for _ in range(size)] if rank == root else None
+        dist.gather(values(rank, 4), gathered, dst=root)
+        if rank == root:
+            for r in range(size):
+                same(gathered[r], values(r, 4), f"gather to {root}")
+        ours = values(rank, 6)
+        dist.reduce(ours, dst=root, op=dist.ReduceOp.MAX)
+        if rank == root:
+            same(ours, torch.stack([values(r, 6) for r in range(size)]).amax(0), "reduce max")
+    ours, theirs = torch.empty(2 * size), torch.empty(2 * size)
+    dist.all_to_all_single(ours, values(rank, 2 * size))
+    dist.all_to_all_single(theirs, values(rank, 2 * size), group=gloo)
+    same(ours, theirs, "all_to_all_single")
+    splits = [(rank + j) % 3 for j in range(size)]  # rows rank sends to j
+    incoming = [(r + rank) % 3 for r in range(size)]  # rows rank gets from r
+    ours = torch.empty(sum(incoming), 2)
+    theirs = torch.empty(sum(incoming), 2)
+    data = values(rank, 2 * sum(splits)).reshape(-1, 2)
+    dist.all_to_all_single(ours, data, incoming, splits)
+    dist.all_to_all_single(theirs, data, incoming, splits, group=gloo)
+    same(ours, theirs, "all_to_all_single, uneven")
+    outs = [torch.empty(3) for _ in range(size)]
+    dist.all_to_all(outs, [values(rank * size + j, 3) for j in range(size)])
+    for r in range(size):
+        same(outs[r], values(r * size + rank, 3), "all_to_all")
+    if size > 1:  # a ring shift, sends and receives paired so that none waits on another
+        box = torch.empty(5)
+        if rank % 2 == 0:
+            dist.send(values(rank, 5), (rank + 1) % size)
+            dist.recv(box, (rank - 1) % size)
+        else:
+            dist.recv(box, (rank - 1) % size)
+            dist.send(values(rank, 5), (rank + 1) % size)
+        if size % 2 == 0 or rank != 0:
+            same(box, values((rank - 1) % size, 5), "send/recv")
+
     try:
-        dist.gather(torch.ones(2), [torch.empty(2) for _ in range(size)] if rank == 0 else None)
+        dist.all_reduce_coalesced([torch.ones(2)])
     except NotImplementedError as error:
-        assert "ringcc backend does not implement gather" in str(error), error
+        assert "ringcc backend does not implement all_reduce_coalesced" in str(error), error
     else:
         raise AssertionError("an unsupported call went through")
     try:
