@@ -24,8 +24,8 @@ with "No backend type associated with device type cpu".
 A communicator that serves torch runs its calls on that worker: make them through torch, or
 through `run`, not directly from another thread at the same time. Since the calls run one
 after another, a send, which waits for its receiver (checked point-to-point calls do), holds
-every call queued behind it: pair sends and receives so that each send's receiver comes. PyTorch stays optional:
-nothing else in ringcc imports it.
+every call queued behind it: pair sends and receives so that each send's receiver comes.
+PyTorch stays optional: nothing else in ringcc imports it.
 """
 
 import os
