@@ -4,12 +4,10 @@ the memory bound's work, a peer that lacks a collective, and real runs checked a
 from __future__ import annotations
 
 import json
-import textwrap
 
 import numpy
 import pytest
 
-import collectives
 from benchmarks import options, peers
 from benchmarks.all_to_all import ALL_TO_ALL
 from benchmarks.gather import GATHER
@@ -17,7 +15,7 @@ from benchmarks.reduce import REDUCE
 from benchmarks.scan import SCAN
 from benchmarks.sendrecv import SENDRECV
 from launch import mpiexec
-from test_benchmarks import torch_here
+from test_benchmarks import check_every_dtype_and_op, torch_here
 
 COLLECTIVES = [GATHER, REDUCE, ALL_TO_ALL, SCAN, SENDRECV]
 
@@ -101,33 +99,6 @@ def test_scan_beside_a_peer_that_has_none(tmp_path):
 
 
 def test_every_new_collective_dtype_and_op_checks_out_on_three_ranks(tmp_path):
-    """Every implementation agrees with the references, on an odd rank count, a root that is
-    not 0, every dtype and every op."""
-    script = tmp_path / "all.py"
-    script.write_text(textwrap.dedent(f"""
-        import sys
-        from benchmarks.all_to_all import ALL_TO_ALL
-        from benchmarks.gather import GATHER
-        from benchmarks.harness import main
-        from benchmarks.reduce import REDUCE
-        from benchmarks.scan import SCAN
-        from benchmarks.sendrecv import SENDRECV
+    check_every_dtype_and_op(tmp_path, COLLECTIVES, ["shm", "mpi"], "24")
 
-        status = 0
-        for collective in (GATHER, REDUCE, ALL_TO_ALL, SCAN, SENDRECV):
-            status |= main(collective, ["-b", "24", "-e", "1K", "-f", "64", "-n", "1",
-                                        "-w", "0", "-d", "all", "-o", "all", "-r", "1",
-                                        "--transport", "shm,mpi", "--compare", "mpi,gloo",
-                                        "--json", rf"{tmp_path}/" + collective.name + ".json"])
-        sys.exit(status)
-    """))
-    mpiexec(3, str(script), timeout=240)
-    for collective in COLLECTIVES:
-        rows = json.loads((tmp_path / f"{collective.name}.json").read_text())["rows"]
-        assert rows and all(row["wrong"] == 0 for row in rows)
-        assert {row["dtype"] for row in rows} == set(options.DTYPES)
-        gloo = torch_here() and collective is not SCAN
-        assert {row["impl"] for row in rows} == {"ringcc:shm", "ringcc:mpi", "mpi"} | \
-            ({"gloo"} if gloo else set())
-        if collective.reduces:
-            assert {row["op"] for row in rows} == set(collectives.OPS)
+
