@@ -23,6 +23,26 @@ def array_module_of(buf: Any) -> ModuleType:
     raise InvalidTypeError(f"expected a NumPy or CuPy array, got {type(buf).__name__}")
 
 
+def is_tensor(obj: Any) -> bool:
+    """Whether `obj` is a torch tensor (told without importing torch, which stays optional)."""
+    return type(obj).__module__.startswith("torch") and hasattr(obj, "numpy")
+
+
+def tensor_memory(tensor: Any) -> numpy.ndarray:
+    """A CPU torch tensor's memory as a NumPy array, no copy: so every collective takes tensors,
+    and writes its results into them in place. InvalidTypeError where that cannot be."""
+    if getattr(tensor, "requires_grad", False):
+        raise InvalidTypeError("a tensor that requires grad cannot be a collective's buffer: "
+                               "pass tensor.detach(), as torch.distributed does")
+    if tensor.device.type != "cpu":
+        raise InvalidTypeError(f"collectives take CPU tensors; got one on {tensor.device} "
+                               f"(for the GPU, pass CuPy arrays)")
+    try:
+        return tensor.numpy()
+    except TypeError as error:  # a dtype NumPy lacks, such as bfloat16
+        raise InvalidTypeError(f"cannot move {tensor.dtype} tensors ({error})") from None
+
+
 def module_for_device(device: str) -> ModuleType:
     """numpy for "cpu", cupy for "cuda"."""
     if device == "cpu":

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import sys
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
@@ -29,7 +30,7 @@ from .all_gather import ring_all_gather
 from .all_reduce import auto_algorithm, one_shot_all_reduce, ring_all_reduce
 from .all_to_all import pairwise_all_to_all
 from .arguments import check_buffers, check_root, check_writeable, output
-from .arrays import flat_work, same_memory
+from .arrays import flat_work, is_tensor, same_memory, tensor_memory
 from .blocks import check_counts, exchanged, gathered, split
 from .broadcast import ring_broadcast
 from .check import MessagesDiffer, agree, descriptor, disagreement, pair_agree
@@ -65,8 +66,12 @@ def _collective(method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
     def call(self: Communicator, *args: Any, **kwargs: Any) -> Any:
         self._in_flight = False  # until `_begin` starts the exchanges
+        tensors: dict[int, Any] = {}  # id of the NumPy view -> the caller's torch tensor
+        if any(is_tensor(a) for a in (*args, *kwargs.values())):
+            args, kwargs = _tensors_as_arrays(args, kwargs, tensors)
         try:
-            return method(self, *args, **kwargs)
+            result = method(self, *args, **kwargs)
+            return result if not tensors else _as_tensor(result, tensors)
         except CallsDiffer as differ:  # every rank raises it, and every message has landed
             self._in_flight = False
             raise MismatchError(disagreement(differ.calls, self.rank, CALLS)) from None
@@ -79,6 +84,25 @@ def _collective(method: Callable[..., Any]) -> Callable[..., Any]:
             raise
 
     return call
+
+
+def _tensors_as_arrays(args: tuple, kwargs: dict, tensors: dict[int, Any]) -> tuple[tuple, dict]:
+    """The call's torch tensors replaced by NumPy views of their memory (`tensor_memory`)."""
+    def view(value: Any) -> Any:
+        if not is_tensor(value):
+            return value
+        array = tensor_memory(value)
+        tensors[id(array)] = value
+        return array
+    return tuple(view(a) for a in args), {k: view(v) for k, v in kwargs.items()}
+
+
+def _as_tensor(result: Any, tensors: dict[int, Any]) -> Any:
+    """The caller's tensor where the collective returns its view; a new result as a tensor that
+    shares its memory (torch is loaded: the caller holds a tensor)."""
+    if result is None or id(result) in tensors:
+        return tensors.get(id(result))
+    return sys.modules["torch"].from_numpy(result)
 
 
 class Communicator:

@@ -42,3 +42,36 @@ def test_only_collectives_torch_imports_torch():
                 names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                     [node.module or ""] if isinstance(node, ast.ImportFrom) else []
                 assert not any(n.split(".")[0] == "torch" for n in names), path
+
+
+def test_every_collective_takes_cpu_tensors_and_writes_into_them():
+    import torch
+
+    import collectives
+
+    def body(comm):
+        rank, size = comm.rank, comm.size
+        mine = torch.arange(6.0) * (rank + 1)
+        assert comm.all_reduce(mine, mine, op="max") is mine  # in place, in the tensor's memory
+        assert mine.tolist() == (torch.arange(6.0) * size).tolist()
+        total = comm.all_reduce(torch.ones(3, dtype=torch.int64))
+        assert isinstance(total, torch.Tensor) and total.tolist() == [size] * 3
+        blocks = comm.all_gather(torch.full((2,), float(rank)))
+        assert isinstance(blocks, torch.Tensor) and blocks[:, 0].tolist() == list(range(size))
+        shared = torch.full((4,), float(rank))
+        comm.broadcast(shared, root=size - 1)
+        assert shared.tolist() == [size - 1] * 4
+        part = torch.empty(2)
+        comm.reduce_scatter(torch.ones(size, 2), part)
+        assert part.tolist() == [size] * 2
+        for bad, message in ((torch.ones(2, requires_grad=True), "requires grad"),
+                             (torch.ones(2, dtype=torch.bfloat16), "bfloat16")):
+            try:
+                comm.all_reduce(bad)
+            except collectives.InvalidTypeError as error:
+                assert message in str(error), error
+            else:
+                raise AssertionError(f"{message}: went through")
+        return True
+
+    assert collectives.spawn(body, 3) == [True] * 3
