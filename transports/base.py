@@ -9,7 +9,8 @@ The public methods here validate their arguments once, count bytes, record a tra
 is asked for, and skip empty transfers (both sides agree a chunk is empty, so neither posts a
 message). Each transport overrides only the raw moves `_sendrecv`, `_barrier`, and optionally
 `_sendrecv_reduce` (the default receives into bounded scratch, then reduces) and
-`_all_inputs` (the default exchanges copies with every peer).
+`_all_inputs` (the default exchanges the call's descriptor, then copies with every peer, in
+`_exchange`).
 """
 
 from __future__ import annotations
