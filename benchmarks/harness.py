@@ -3,8 +3,9 @@
 A benchmark file supplies a `Collective`: its name, buffer shapes, the call, the reference and
 its bus-bandwidth factor. The harness parses nccl-tests' options, opens ringcc on each transport
 asked for and the peers (the MPI library's own collectives through mpi4py, torch.distributed
-with Gloo), and for every size checks each implementation against a NumPy reference before it
-times it: all in the same job, on the same buffers.
+with Gloo, and torch.distributed on ringcc's own backend), and for every size checks each
+implementation against a NumPy reference before it times it: all in the same job, on the same
+buffers.
 
     mpiexec -n 4 python -m benchmarks.all_reduce -b 8 -e 64M -f 2 --compare mpi,gloo
 
@@ -24,7 +25,8 @@ the cuda_ipc transport's comm.empty gives ordinary CuPy arrays: allowed, and no 
 The pieces, one job each:
 
     options.py  the Collective, nccl-tests' options, the sizes and (dtype, op) cases
-    peers.py    the implementations: ringcc on each transport, the mpi, gloo and memory peers
+    peers.py    the implementations: ringcc on each transport, the mpi, gloo, torch-ringcc and
+                memory peers
     measure.py  the data, the reference and the check; time, algbw and busbw
     report.py   the table, the versions, the JSON and CSV files
 

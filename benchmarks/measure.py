@@ -140,6 +140,17 @@ def place(impl: Impl, send: numpy.ndarray, recv: numpy.ndarray,
     return on_send, on_send if recv is send else fill("recv", recv), impl.xp.asarray(own)
 
 
+def own_buffers(impl: Impl, collective: Collective, send: numpy.ndarray, recv: numpy.ndarray,
+                own: numpy.ndarray) -> tuple[numpy.ndarray, numpy.ndarray]:
+    """The send and recv buffers `impl` gets: the harness's, or for a collective it makes in
+    place (`Impl.in_place`, torch.distributed's all_reduce) one buffer of its own holding the
+    input as both, so that its results do not overwrite the input the others read."""
+    if collective.name in impl.in_place and recv is not send:
+        mine = own.copy()
+        return mine, mine
+    return send, recv
+
+
 def prepare(impl: Impl, collective: Collective, send: numpy.ndarray, recv: numpy.ndarray,
             own: numpy.ndarray, check: bool, expected: numpy.ndarray | None, op: str,
             root: int, args: argparse.Namespace,
@@ -193,7 +204,8 @@ def warm_up(collective: Collective, impls: list[Impl], counts: list[int], dtype:
         recv = send if recv_shape is None else numpy.empty(recv_shape, dtype)
         for impl in impls:
             if impl.can(collective.name, dtype):
-                on_send, on_recv, _ = place(impl, send, recv, send)
+                on_send, on_recv, _ = place(impl, *own_buffers(impl, collective, send, recv,
+                                                                send), send)
                 for _ in range(args.warmup_iters):
                     collective.run(impl.comm, on_send, on_recv, op, root)
                 device.synchronize(impl.xp)
@@ -213,9 +225,9 @@ def measure_size(collective: Collective, impls: list[Impl], count: int, dtype: s
     nbytes = count * numpy.dtype(dtype).itemsize
     # Every implementation is checked and warmed up on these buffers before any is timed, so
     # that none is timed while they are still cold and the next one finds them warm.
-    ready = {impl.name: prepare(impl, collective, send, recv, own,
-                                bool(args.check) and not impl.reference, expected, op, root,
-                                args, world)
+    ready = {impl.name: prepare(impl, collective, *own_buffers(impl, collective, send, recv, own),
+                                own, bool(args.check) and not impl.reference, expected, op,
+                                root, args, world)
              for impl in impls if impl.can(collective.name, dtype)}
     measured: dict[str, dict | None] = {}
     for impl in impls:

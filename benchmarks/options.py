@@ -19,7 +19,7 @@ from collectives.ops import resolve_op
 
 DTYPES = ("int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64")
 DTYPE_ALIASES = {"half": "float16", "float": "float32", "double": "float64", "int": "int32"}
-PEERS = ("mpi", "gloo", "copy", "memory")
+PEERS = ("mpi", "gloo", "torch-ringcc", "copy", "memory")
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
@@ -143,10 +143,11 @@ def parse_args(collective: Collective, argv: list[str] | None = None) -> argpars
     parser.add_argument("--compare", type=comma_list(PEERS), default=[],
                         help="peers measured in the same job: mpi (the MPI library's own "
                              "collective), gloo (torch.distributed, when torch is installed), "
-                             "copy (a plain copy of the same size on the --device, rank 0 "
-                             "alone: the copy bandwidth), memory (the least memory work of "
-                             "the call, on every rank at once: the memory bound; --device "
-                             "cpu only)")
+                             "torch-ringcc (torch.distributed on ringcc's backend, over "
+                             "the main transport: the torch layer's cost), copy (a plain "
+                             "copy of the same size on the --device, rank 0 alone: the "
+                             "copy bandwidth), memory (the least memory work of the call, "
+                             "on every rank at once: the memory bound; --device cpu only)")
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
     parser.add_argument("--csv", metavar="FILE", help="write the rows as CSV")
     args = parser.parse_args(argv)

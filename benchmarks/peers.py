@@ -5,6 +5,8 @@ Every implementation offers the Communicator's collective methods on the harness
 - ringcc: a Communicator from `collectives.init`, one per --transport (the first is the main one);
 - mpi: the MPI library's own collectives through mpi4py (`MPIPeer`);
 - gloo: torch.distributed with the Gloo backend (`GlooPeer`), when torch is installed;
+- torch-ringcc: torch.distributed on ringcc's own backend (`TorchRingccPeer`): the cost of the
+  torch layer over ringcc's call;
 - copy: a plain copy of the same size on the device (`device.CopyPeer`), the copy bandwidth;
 - memory: the least memory work of the call on every rank at once (`MemoryPeer`), the memory
   bound.
@@ -38,12 +40,13 @@ if TYPE_CHECKING:
 class Impl:
     """One implementation: `comm` offers the Communicator's collective methods and close()."""
 
-    name: str  # "ringcc:<transport>", "mpi", "gloo", "copy" or "memory"
+    name: str  # "ringcc:<transport>", "mpi", "gloo", "torch-ringcc", "copy" or "memory"
     comm: Any
     dtypes: tuple[str, ...] = DTYPES
     xp: ModuleType = numpy  # the arrays it moves: the harness's host buffers, or device copies
     reference: bool = False  # a bound (copy, memory), not the collective: unchecked, busbw = algbw
     registered: dict[str, Any] | None = None  # --registered 1: flat bytes per role, see `register`
+    in_place: tuple[str, ...] = ()  # collectives it makes in place: see `measure.own_buffers`
 
     def can(self, collective: str, dtype: str) -> bool:
         """Whether it has the collective (a method of that name) and moves `dtype`."""
@@ -108,31 +111,22 @@ class MPIPeer:
         self.comm.Free()
 
 
-class GlooPeer:
-    """torch.distributed with the Gloo backend, on tensors that share the NumPy buffers.
+class TorchPeer:
+    """torch.distributed's calls on one process group (`group`; None: the default one), on
+    tensors that share the NumPy buffers. Roots are group ranks (group_src=, group_dst=).
 
-    Rank and size come from MPI; rank 0 opens a TCP store (on 127.0.0.1 when every rank runs
-    on one host) and broadcasts its port over MPI.
+    torch.distributed reduces in place, so the harness hands its all_reduce and reduce one
+    buffer (`in_place`): the time is the call's alone, without a copy of the input first.
     """
 
-    dtypes = tuple(d for d in DTYPES if d not in ("uint32", "uint64"))  # Gloo has neither
+    dtypes = DTYPES
+    in_place = ("all_reduce", "reduce")
 
-    def __init__(self, world: MPI.Comm) -> None:
+    def __init__(self, group: Any, rank: int, size: int) -> None:
         import torch
         import torch.distributed as dist
 
-        torch.set_num_threads(1)  # ranks share the cores
-        self.torch, self.dist = torch, dist
-        rank, size = world.Get_rank(), world.Get_size()
-        hosts = world.allgather(platform.node())
-        address = "127.0.0.1" if len(set(hosts)) == 1 else hosts[0]
-        store = dist.TCPStore(address, 0, size, is_master=True, wait_for_workers=False) \
-            if rank == 0 else None
-        port = world.bcast(store.port if rank == 0 else None, root=0)
-        if rank != 0:
-            store = dist.TCPStore(address, port, size, is_master=False)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=size,
-                                timeout=timedelta(seconds=300))
+        self.torch, self.dist, self.group = torch, dist, group
         self.rank, self.size = rank, size
         self.ops = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT,
                     "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX, "avg": dist.ReduceOp.AVG}
@@ -145,34 +139,66 @@ class GlooPeer:
         return self.torch.from_numpy(buf).reshape(-1)
 
     def all_reduce(self, sendbuf: numpy.ndarray, recvbuf: numpy.ndarray, op: str = "sum") -> None:
-        numpy.copyto(recvbuf, sendbuf)  # Gloo reduces in place
-        self.dist.all_reduce(self._tensor(recvbuf), op=self.ops[op])
+        if recvbuf is not sendbuf:
+            numpy.copyto(recvbuf, sendbuf)
+        self.dist.all_reduce(self._tensor(recvbuf), op=self.ops[op], group=self.group)
 
     def all_gather(self, sendbuf: numpy.ndarray, recvbuf: numpy.ndarray) -> None:
-        self._all_gather(self._tensor(recvbuf), self._tensor(sendbuf))
+        self._all_gather(self._tensor(recvbuf), self._tensor(sendbuf), group=self.group)
 
     def broadcast(self, buf: numpy.ndarray, root: int = 0) -> None:
-        self.dist.broadcast(self._tensor(buf), src=root)
+        self.dist.broadcast(self._tensor(buf), group=self.group, group_src=root)
 
     def scatter(self, sendbuf: numpy.ndarray, recvbuf: numpy.ndarray, root: int = 0) -> None:
         blocks = list(self.torch.from_numpy(sendbuf)) if self.rank == root else None
-        self.dist.scatter(self._tensor(recvbuf), blocks, src=root)
+        self.dist.scatter(self._tensor(recvbuf), blocks, group=self.group, group_src=root)
 
     def reduce_scatter(self, sendbuf: numpy.ndarray, recvbuf: numpy.ndarray,
                        op: str = "sum") -> None:
-        self._reduce_scatter(self._tensor(recvbuf), self._tensor(sendbuf), op=self.ops[op])
+        self._reduce_scatter(self._tensor(recvbuf), self._tensor(sendbuf), op=self.ops[op],
+                             group=self.group)
 
     def gather(self, sendbuf: numpy.ndarray, recvbuf: numpy.ndarray, root: int = 0) -> None:
         rows = list(self.torch.from_numpy(recvbuf)) if self.rank == root else None
-        self.dist.gather(self._tensor(sendbuf), rows, dst=root)
+        self.dist.gather(self._tensor(sendbuf), rows, group=self.group, group_dst=root)
 
     def reduce(self, sendbuf: numpy.ndarray, recvbuf: numpy.ndarray, op: str = "sum",
                root: int = 0) -> None:
-        numpy.copyto(recvbuf, sendbuf)  # Gloo reduces in place, into the root's tensor
-        self.dist.reduce(self._tensor(recvbuf), dst=root, op=self.ops[op])
+        if recvbuf is not sendbuf:
+            numpy.copyto(recvbuf, sendbuf)
+        self.dist.reduce(self._tensor(recvbuf), op=self.ops[op], group=self.group,
+                         group_dst=root)
 
     def all_to_all(self, sendbuf: numpy.ndarray, recvbuf: numpy.ndarray) -> None:
-        self.dist.all_to_all_single(self._tensor(recvbuf), self._tensor(sendbuf))
+        self.dist.all_to_all_single(self._tensor(recvbuf), self._tensor(sendbuf),
+                                    group=self.group)
+
+
+class GlooPeer(TorchPeer):
+    """torch.distributed with the Gloo backend, as the default process group.
+
+    Rank and size come from MPI; rank 0 opens a TCP store (on 127.0.0.1 when every rank runs
+    on one host) and broadcasts its port over MPI.
+    """
+
+    dtypes = tuple(d for d in DTYPES if d not in ("uint32", "uint64"))  # Gloo has neither
+
+    def __init__(self, world: MPI.Comm) -> None:
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)  # ranks share the cores
+        rank, size = world.Get_rank(), world.Get_size()
+        hosts = world.allgather(platform.node())
+        address = "127.0.0.1" if len(set(hosts)) == 1 else hosts[0]
+        store = dist.TCPStore(address, 0, size, is_master=True, wait_for_workers=False) \
+            if rank == 0 else None
+        port = world.bcast(store.port if rank == 0 else None, root=0)
+        if rank != 0:
+            store = dist.TCPStore(address, port, size, is_master=False)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=size,
+                                timeout=timedelta(seconds=300))
+        super().__init__(None, rank, size)
 
     def sendrecv(self, sendbuf: numpy.ndarray, dst: int, recvbuf: numpy.ndarray,
                  src: int) -> None:
@@ -183,6 +209,41 @@ class GlooPeer:
 
     def close(self) -> None:
         self.dist.destroy_process_group()
+
+
+class TorchRingccPeer(TorchPeer):
+    """torch.distributed's calls on the ringcc backend (`collectives.torch.process_group`) over
+    a communicator of its own on the main transport: beside ringcc's own call, the cost of the
+    torch layer."""
+
+    def __init__(self, transport: str) -> None:
+        import torch
+
+        import collectives.torch
+
+        torch.set_num_threads(1)  # ranks share the cores
+        self.comm = collectives.init(transport)
+        super().__init__(collectives.torch.process_group(self.comm), self.comm.rank,
+                         self.comm.size)
+
+    def sendrecv(self, sendbuf: numpy.ndarray, dst: int, recvbuf: numpy.ndarray,
+                 src: int) -> None:
+        # A rank's calls run in order, one after another, and a send waits for its receiver:
+        # round a ring, every rank sending first would wait for ever. Even ranks send first and
+        # odd ones receive first (with an odd count ranks n-1 and 0 both send first, and the
+        # chain still unwinds from rank 1, which receives). The group's own send and recv,
+        # as torch.distributed's functions make them: dist.recv names the sender by its
+        # global rank, which only a group made by dist.new_group has.
+        sent, received = [self._tensor(sendbuf)], [self._tensor(recvbuf)]
+        if self.rank % 2 == 0:
+            self.group.send(sent, dst, 0).wait()
+            self.group.recv(received, src, 0).wait()
+        else:
+            self.group.recv(received, src, 0).wait()
+            self.group.send(sent, dst, 0).wait()
+
+    def close(self) -> None:
+        self.comm.close()
 
 
 class MemoryPeer:
@@ -319,17 +380,21 @@ def open_impls(args: argparse.Namespace, world: MPI.Comm,
             raise LookupError(f"--transport {','.join(args.transport)} measures {name} twice")
         impls.append(Impl(name, comm, xp=module_for_device(args.device)))
     for peer in args.compare:
-        if peer == "gloo":
+        if peer in ("gloo", "torch-ringcc"):
             try:
                 import torch.distributed
             except ImportError:
-                notes.append("gloo: torch is not installed here (pip install torch); "
-                             "the gloo peer is skipped")
+                notes.append(f"{peer}: torch is not installed here (pip install torch); "
+                             f"the {peer} peer is skipped")
                 continue
-            if not torch.distributed.is_gloo_available():
+            if peer == "gloo" and not torch.distributed.is_gloo_available():
                 notes.append("gloo: this torch has no Gloo backend; the gloo peer is skipped")
                 continue
-            comm = GlooPeer(world)
+            if peer == "torch-ringcc" and args.device != "cpu":
+                notes.append("torch-ringcc: the ringcc backend moves CPU tensors; the "
+                             "torch-ringcc peer is skipped with --device cuda")
+                continue
+            comm = GlooPeer(world) if peer == "gloo" else TorchRingccPeer(args.transport[0])
         elif peer == "copy":
             comm = device.CopyPeer(module_for_device(args.device), world.Get_rank(),
                                    world.Get_size())
@@ -339,6 +404,7 @@ def open_impls(args: argparse.Namespace, world: MPI.Comm,
             comm = MPIPeer(world)
         stack.callback(comm.close)
         impls.append(Impl(peer, comm, getattr(comm, "dtypes", DTYPES), getattr(comm, "xp", numpy),
-                          reference=peer in ("copy", "memory")))
+                          reference=peer in ("copy", "memory"),
+                          in_place=getattr(comm, "in_place", ())))
     return impls, notes
 

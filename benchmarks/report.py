@@ -39,7 +39,7 @@ def versions(impls: list[Impl]) -> dict[str, str]:
     out = {"ringcc": ringcc, "python": platform.python_version(), "numpy": numpy.__version__,
            "mpi4py": mpi4py.__version__,
            "mpi": " ".join(MPI.Get_library_version().splitlines()[0].split())}
-    if any(impl.name == "gloo" for impl in impls):
+    if any(impl.name in ("gloo", "torch-ringcc") for impl in impls):
         import torch
 
         out["torch"] = torch.__version__

@@ -38,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    transports = ",".join(registry.names(device="cpu"))  # the preferred, the main one, first
+    # The preferred, the main one, first; not the hierarchical one, which on one host is shm.
+    transports = ",".join(name for name in registry.names(device="cpu")
+                          if not registry.info(name).hierarchical)
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     failed = []
     for name in COLLECTIVES:

@@ -1,5 +1,5 @@
-"""Training throughput and memory: this trainer's DDP, ZeRO-1 and ZeRO-2, and PyTorch DDP on
-Gloo beside them.
+"""Training throughput and memory: this trainer's DDP, ZeRO-1 and ZeRO-2, and PyTorch DDP beside
+them (on Gloo, on ringcc's torch.distributed backend, and on Gloo with ringcc's allreduce_hook).
 
     OPENBLAS_NUM_THREADS=1 mpiexec -n 2 python -m benchmarks.trainer --compare torch
     OPENBLAS_NUM_THREADS=1 mpiexec -n 2 python -m benchmarks.trainer --optimizer adam
@@ -18,6 +18,11 @@ comm share  (step - compute) / step: the part of a step that communication costs
             overlap hides
 params, grads, optimizer
             the megabytes rank 0 keeps for parameters, gradients and optimizer state
+
+The PyTorch rows train the same model from the same start on the same batches, so they must
+end with the same parameters: a check line gives each ringcc row's relative difference from
+"torch DDP (gloo)" after all the steps (at most 1e-5, else the exit status is 1), and closing
+lines give each row's steps per second over Gloo's.
 
 For this trainer it also prints `in collectives`, the time per step spent inside all-reduce
 (DDP) or reduce-scatter and all-gather (ZeRO) calls; with overlap the gradients' part runs on
@@ -38,7 +43,7 @@ import pstats
 import statistics
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any, Callable, Iterator
 
 import numpy
@@ -56,13 +61,16 @@ from transports import registry
 
 SIZES = [784, 1024, 1024, 10]
 ALONE = "ringcc, rank 0 alone"
+TORCH_GLOO = "torch DDP (gloo)"
+PARAMS_RTOL = 1e-5  # torch DDP on ringcc must end where torch DDP on Gloo does, up to this
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.trainer", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--compare", choices=("torch",), action="append", default=[],
-                        help="also measure PyTorch DDP on the Gloo backend")
+                        help="also measure PyTorch DDP on Gloo, on ringcc's torch.distributed "
+                             "backend, and on Gloo with ringcc's allreduce_hook")
     parser.add_argument("--batch", type=int, default=64, help="samples per rank per step")
     parser.add_argument("--steps", type=int, default=20, help="timed steps per round")
     parser.add_argument("--rounds", type=int, default=5, help="rounds (the median is shown)")
@@ -147,18 +155,17 @@ class Ours:
 
 
 class Torch:
-    """PyTorch: nn.Sequential + DistributedDataParallel on Gloo + optim.SGD, one thread a rank."""
+    """PyTorch: nn.Sequential + DistributedDataParallel + optim.SGD (or AdamW), one thread a
+    rank. DDP runs over `group` (None: the default group, Gloo's), with `hook` registered on
+    `hook_comm` when given."""
 
-    name = "torch DDP (gloo)"
-
-    def __init__(self, initial: dict[str, numpy.ndarray], args: argparse.Namespace) -> None:
+    def __init__(self, name: str, initial: dict[str, numpy.ndarray], args: argparse.Namespace,
+                 group: Any = None, hook: Callable | None = None,
+                 hook_comm: collectives.Communicator | None = None) -> None:
         import torch
         from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
-        from .peers import GlooPeer
-
-        self.peer = GlooPeer(MPI.COMM_WORLD)  # one thread per rank, process group over Gloo
-        self.torch = torch
+        self.name, self.torch = name, torch
         layers: list[Any] = []
         for i, (n_in, n_out) in enumerate(zip(SIZES, SIZES[1:])):
             linear = torch.nn.Linear(n_in, n_out)
@@ -166,7 +173,10 @@ class Torch:
                 linear.weight.copy_(torch.from_numpy(initial[f"layers.{2 * i}.weight"].T))
                 linear.bias.copy_(torch.from_numpy(initial[f"layers.{2 * i}.bias"]))
             layers += [linear, torch.nn.ReLU()]
-        self.model = TorchDDP(torch.nn.Sequential(*layers[:-1]), bucket_cap_mb=args.bucket_mb)
+        self.model = TorchDDP(torch.nn.Sequential(*layers[:-1]), process_group=group,
+                              bucket_cap_mb=args.bucket_mb)
+        if hook is not None:
+            self.model.register_comm_hook(hook_comm, hook)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9) \
             if args.optimizer == "sgd" else torch.optim.AdamW(self.model.parameters(), lr=0.001,
                                                               weight_decay=0.0)
@@ -191,7 +201,26 @@ class Torch:
         return [p.detach().numpy() for p in self.model.parameters()]
 
     def close(self) -> None:
-        self.peer.close()
+        pass  # the process groups are the job's: closed once, after every trainer
+
+
+def torch_trainers(initial: dict[str, numpy.ndarray], args: argparse.Namespace,
+                   stack: ExitStack) -> list[Torch]:
+    """PyTorch DDP on Gloo (the default group), on ringcc's torch.distributed backend, and on
+    Gloo with ringcc's allreduce_hook averaging the buckets: the same model and start. The
+    ringcc rows share a communicator of their own (its calls run on collectives.torch's
+    worker thread, never beside this trainer's)."""
+    import collectives.torch
+
+    from .peers import GlooPeer
+
+    stack.callback(GlooPeer(MPI.COMM_WORLD).close)  # the default group; 1 torch thread a rank
+    theirs = stack.enter_context(collectives.init(transport=args.transport))
+    return [Torch(TORCH_GLOO, initial, args),
+            Torch("torch DDP on ringcc", initial, args,
+                  group=collectives.torch.process_group(theirs)),
+            Torch("torch DDP + ringcc hook", initial, args,
+                  hook=collectives.torch.allreduce_hook, hook_comm=theirs)]
 
 
 def slowest(comm: collectives.Communicator, seconds: float) -> float:
@@ -226,9 +255,19 @@ def in_sync(comm: collectives.Communicator, params: list[numpy.ndarray]) -> bool
     return bool((everyone == everyone[0]).all())
 
 
+def relative_difference(comm: collectives.Communicator, params: list[numpy.ndarray],
+                        reference: list[numpy.ndarray]) -> float:
+    """|params - reference| / |reference| (Euclidean norms over every parameter), the largest
+    over ranks."""
+    mine, theirs = (numpy.concatenate([p.reshape(-1) for p in ps]).astype(numpy.float64)
+                    for ps in (params, reference))
+    here = numpy.linalg.norm(mine - theirs) / numpy.linalg.norm(theirs)
+    return float(comm.all_reduce(numpy.array([here]), op="max")[0])
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    with collectives.init(transport=args.transport) as comm:
+    with collectives.init(transport=args.transport) as comm, ExitStack() as stack:
         say = print if comm.rank == 0 else (lambda *_, **__: None)
         data = synthetic(train=8 * args.batch, test=0, seed=comm.rank)
         batches = [(data.x_train[i * args.batch:(i + 1) * args.batch],
@@ -245,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
                 if args.optimizer == "lamb":
                     notes.append("PyTorch has no LAMB: comparison skipped")
                 else:
-                    trainers.append(Torch(ours[0].model.state_dict(), args))
+                    trainers += torch_trainers(ours[0].model.state_dict(), args, stack)
         # The one-rank baseline, in the same job: rank 0 trains alone while the others wait.
         self_comm = collectives.init(transport=args.transport, comm=MPI.COMM_SELF) \
             if comm.size > 1 and comm.rank == 0 else None
@@ -284,6 +323,10 @@ def main(argv: list[str] | None = None) -> int:
             if comm.size > 1:
                 solo.append(timed(comm, args.steps, run(alone)))
         memory = {t.name: t.memory() for t in trainers}
+        # Every PyTorch row took the same steps on the same batches from the same start.
+        torch_rows = trainers[len(ours):]
+        apart = {t.name: relative_difference(comm, t.parameters(), torch_rows[0].parameters())
+                 for t in torch_rows[1:]}
         for trainer in [*trainers, alone]:
             if trainer is not None:
                 trainer.close()
@@ -292,6 +335,11 @@ def main(argv: list[str] | None = None) -> int:
 
         say("# check: parameters bitwise identical on every rank after the warm-up: " + ", ".join(
             f"{name} {'yes' if ok else 'NO'}" for name, ok in synced.items()))
+        if apart:
+            say(f"# check: parameters after all the steps, relative difference from {TORCH_GLOO}'s "
+                f"(<= {PARAMS_RTOL:g}): " + ", ".join(
+                    f"{name} {diff:.1e} {'yes' if diff <= PARAMS_RTOL else 'NO'}"
+                    for name, diff in apart.items()))
         say(f"# {'trainer':<30} {'samples/s':>9} {'step ms':>8} {'compute ms':>10} "
             f"{'comm share':>10} {'in collectives ms':>17} {'params MB':>9} {'grads MB':>8} "
             f"{'optimizer MB':>12}")
@@ -315,13 +363,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"{speed[first] / speed[ALONE]:.2f}x samples/s")
         for other in ours[1:]:
             say(f"# {other.name} / {first}: {steps[other.name] / steps[first]:.2f}x step time")
-        if len(trainers) > len(ours):
-            say(f"# {first} / {trainers[-1].name}: "
-                f"{speed[first] / speed[trainers[-1].name]:.2f}x samples/s")
+        if torch_rows:
+            for name in (first, *apart):
+                say(f"# {name} / {TORCH_GLOO}: {speed[name] / speed[TORCH_GLOO]:.2f}x steps/s")
         if profile is not None:
             say(f"# profile of rank 0's main thread during {first}'s timed steps")
             pstats.Stats(profile, stream=sys.stdout).sort_stats("tottime").print_stats(15)
-    return 0 if all(synced.values()) else 1
+    agree = all(diff <= PARAMS_RTOL for diff in apart.values())
+    return 0 if all(synced.values()) and agree else 1
 
 
 if __name__ == "__main__":

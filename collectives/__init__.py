@@ -5,6 +5,9 @@ gather, reduce, all-to-all and scan, uneven blocks (`counts=`), and send, recv a
     comm = collectives.init()                  # under mpiexec
     total = comm.all_reduce(np.arange(4.0) * comm.rank)
 
+    work = comm.all_reduce(np.ones(3), async_op=True)   # returns at once: a Work
+    total = work.wait()
+
     collectives.spawn(lambda comm: comm.all_reduce(np.ones(3)), 4)   # 4 thread ranks
 """
 
@@ -22,11 +25,12 @@ from .communicator import ALL_REDUCE_ALGORITHMS, Communicator
 from .job import guard_job
 from .ops import OPS
 from .spawn import spawn
+from .work import Work
 
 TRANSPORTS = ("auto", *registry.names())  # what `init` takes, from the transport registry
 DEVICES = registry.DEVICES
 
-__all__ = ["init", "spawn", "Communicator", "chunk_bounds", "array_module_of",
+__all__ = ["init", "spawn", "Communicator", "Work", "chunk_bounds", "array_module_of",
            "module_for_device", "to_numpy", "OPS",
            "TRANSPORTS", "DEVICES", "ALL_REDUCE_ALGORITHMS", "CollectiveError",
            "CollectiveTimeoutError", "InvalidArgumentError", "InvalidTypeError",
@@ -35,14 +39,17 @@ __all__ = ["init", "spawn", "Communicator", "chunk_bounds", "array_module_of",
 
 def init(transport: str = "auto", comm: Any = None, *, device: str | None = None,
          segment_bytes: int | None = None, one_shot_bytes: int | None = None,
-         timeout: float | None = None, trace: bool = False,
-         check: bool | None = None) -> Communicator:
+         timeout: float | None = None, trace: bool = False, check: bool | None = None,
+         node_size: int | None = None) -> Communicator:
     """A Communicator over the ranks of `comm` (an mpi4py communicator, default COMM_WORLD).
 
     transport: "shm" is shared memory among ranks on one node, "cuda_ipc" device memory
-        shared among ranks on one node through CUDA IPC, "mpi" point-to-point MPI; "auto"
-        picks the first of these that moves the device's arrays where the ranks are (shm for
-        "cpu" and cuda_ipc for "cuda" on one node, else mpi; see transports/registry.py).
+        shared among ranks on one node through CUDA IPC, "mpi" point-to-point MPI,
+        "hierarchical" shm or cuda_ipc inside each node and mpi between nodes (every node
+        must hold as many ranks); "auto" picks the first of these that moves the device's
+        arrays where the ranks are: shm for "cpu" and cuda_ipc for "cuda" on one node,
+        hierarchical on several nodes with as many ranks, more than one, on each, else mpi
+        (see transports/registry.py).
     device: the arrays the communicator moves: "cpu" NumPy arrays, "cuda" CuPy arrays, with
         GPU r mod (GPUs) made current for the r-th rank of a node (the mpi transport stages
         them through pinned host memory unless the MPI library takes device memory). Default:
@@ -54,6 +61,8 @@ def init(transport: str = "auto", comm: Any = None, *, device: str | None = None
     timeout: seconds any wait may last (default 300, or $RINGCC_TIMEOUT).
     trace: record every transfer from the start (see `Communicator.trace`).
     check: compare every call across ranks before data moves (default on; $RINGCC_CHECK=0).
+    node_size: cut each host's ranks into virtual nodes of this many consecutive ranks, so
+        that one host stands for several (default $RINGCC_NODE_SIZE, else the real nodes).
 
     In a job of several processes it also makes an uncaught exception abort the job (see job.py).
     """
@@ -71,13 +80,15 @@ def init(transport: str = "auto", comm: Any = None, *, device: str | None = None
                                    f"for device={device!r} use one of {serving}")
     from mpi4py import MPI
 
-    from transports.bootstrap import on_one_node
+    from transports.bootstrap import nodes, virtual_node_size
 
     guard_job()
     comm = comm if comm is not None else MPI.COMM_WORLD
+    node_size = virtual_node_size(node_size)
     if transport == "auto":
-        transport = registry.choose(device, on_one_node(comm))
-    kind = registry.load(transport)
-    return Communicator(kind(comm, device=device, segment_bytes=segment_bytes,
-                             one_shot_bytes=one_shot_bytes, timeout=timeout),
+        node = nodes(comm, node_size)
+        transport = registry.choose(device, [node.count(n) for n in range(max(node) + 1)])
+    return Communicator(registry.build(transport, comm, device=device, node_size=node_size,
+                                       segment_bytes=segment_bytes,
+                                       one_shot_bytes=one_shot_bytes, timeout=timeout),
                         trace=trace, check=check)

@@ -98,5 +98,8 @@ def one_shot_all_reduce(transport: Transport, work: Any, op: ReduceOp,
 
 def auto_algorithm(transport: Transport, nbytes: int) -> str:
     """What `algorithm="auto"` runs for a message of `nbytes`: "one_shot" up to
-    `transport.one_shot_bytes`, else "ring"."""
-    return "one_shot" if nbytes <= transport.one_shot_bytes else "ring"
+    `transport.one_shot_bytes`, else "ring", or "hierarchical" on a transport that knows its
+    nodes (transports/hierarchical.py: it has `across` nodes)."""
+    if nbytes <= transport.one_shot_bytes:
+        return "one_shot"
+    return "hierarchical" if getattr(transport, "across", None) is not None else "ring"

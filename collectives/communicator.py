@@ -14,9 +14,11 @@ a later call could take for its own, so the communicator then refuses every late
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import os
 import sys
+import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
@@ -35,6 +37,7 @@ from .blocks import check_counts, exchanged, gathered, split
 from .broadcast import ring_broadcast
 from .check import MessagesDiffer, agree, descriptor, disagreement, pair_agree
 from .gather import gather_to_root
+from .hierarchical import hierarchical_all_reduce
 from .naive import naive_ring_all_reduce, reduce_broadcast_all_reduce
 from .ops import identity, resolve_op
 from .point_to_point import Messages
@@ -42,12 +45,16 @@ from .reduce import reduce_to_root
 from .reduce_scatter import ring_reduce_scatter
 from .scan import recursive_doubling_scan
 from .scatter import scatter_from_root
+from .timeline import Trace, record_call, record_span, write_timeline
+from .work import Progress, Work
 
-# The ways `all_reduce` can run besides "auto" (which picks one-shot or the ring by size); the
-# naive ones are there to teach what the ring saves (naive.py).
+# The ways `all_reduce` can run besides "auto" (which picks one-shot or the ring by size, or
+# the hierarchical one on the hierarchical transport); the naive ones are there to teach what
+# the ring saves (naive.py).
 ALL_REDUCE_ALGORITHMS = {"ring": ring_all_reduce, "one_shot": one_shot_all_reduce,
                          "naive_ring": naive_ring_all_reduce,
-                         "reduce_broadcast": reduce_broadcast_all_reduce}
+                         "reduce_broadcast": reduce_broadcast_all_reduce,
+                         "hierarchical": hierarchical_all_reduce}
 # Every call the check tells apart (check.py numbers them by their place here). Point-to-point
 # calls are checked by the two ranks they concern, not here (check.pair_agree).
 CALLS = ("all_reduce", "all_gather", "broadcast", "scatter", "reduce_scatter", "barrier",
@@ -57,18 +64,31 @@ _CALL_CODES = {name: code for code, name in enumerate(CALLS)}
 
 
 def _collective(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Break the communicator when `method` fails once messages may be in flight.
+    """Make `method` a collective call: in its turn, timed when tracing, and breaking the
+    communicator when it fails once messages may be in flight.
 
-    Bad arguments (ValueError, TypeError) are raised before anything is sent, or after what
-    was sent has been drained (scatter), so they leave the communicator usable; so do the
-    mismatches that the checks find before data moves (CallsDiffer, MessagesDiffer).
+    async_op=True queues the call on the progress thread and returns a `Work` (work.py); a
+    blocking call made while others are queued queues behind them and waits. Bad arguments
+    (ValueError, TypeError) are raised before anything is sent, or after what was sent has
+    been drained (scatter), so they leave the communicator usable; so do the mismatches that
+    the checks find before data moves (CallsDiffer, MessagesDiffer).
     """
+    name = method.__name__
+
     @functools.wraps(method)
-    def call(self: Communicator, *args: Any, **kwargs: Any) -> Any:
+    def call(self: Communicator, *args: Any, async_op: bool = False, **kwargs: Any) -> Any:
+        progress = self._progress
+        if async_op or (progress.outstanding and not progress.on_thread()):
+            # On the progress thread, in its turn, this same wrapper runs the call.
+            work = progress.submit(f"{name} ({'async' if async_op else 'queued'} call)",
+                                   lambda: call(self, *args, **kwargs))
+            return work if async_op else work.wait()
         self._in_flight = False  # until `_begin` starts the exchanges
         tensors: dict[int, Any] = {}  # id of the NumPy view -> the caller's torch tensor
         if _holds_tensor(args, kwargs):
             args, kwargs = _tensors_as_arrays(args, kwargs, tensors)
+        trace = self._transport.trace
+        start = time.perf_counter() if trace is not None else 0.0
         try:
             result = method(self, *args, **kwargs)
             return result if not tensors else _as_tensor(result, tensors)
@@ -82,8 +102,28 @@ def _collective(method: Callable[..., Any]) -> Callable[..., Any]:
             if self._in_flight and not isinstance(error, (ValueError, TypeError)):
                 self._broken = f"{self._transport.where} failed ({type(error).__name__}: {error})"
             raise
+        finally:
+            if trace is not None:  # named by its number once `_begin` gave it one
+                where = self._transport.where
+                record_call(trace, where if where.startswith(name) else name, start,
+                            time.perf_counter())
 
+    signature = inspect.signature(method)
+    call.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[*signature.parameters.values(),
+                    inspect.Parameter("async_op", inspect.Parameter.KEYWORD_ONLY,
+                                      default=False, annotation="bool")],
+        return_annotation=f"{signature.return_annotation} | Work")
     return call
+
+
+def _current_device(xp: Any) -> Callable[[], None] | None:
+    """What makes the progress thread use this thread's GPU: CUDA's current device is per
+    thread (None for NumPy)."""
+    if xp is numpy:
+        return None
+    device = xp.cuda.Device()
+    return device.use
 
 
 def _holds_tensor(args: tuple, kwargs: dict) -> bool:
@@ -123,6 +163,12 @@ class Communicator:
     check: before the data of each call moves, check that every rank made the same call
         (collective, count, dtype, op, root; see check.py), at the cost of one exchange of six
         integers among the ranks; default on, `$RINGCC_CHECK=0` turns it off.
+    trace: record every transfer, and every call's start and end, from the start (see
+        `trace` and `write_timeline`).
+
+    Every call takes `async_op=True`: it then returns a `Work` at once and runs in the
+    background, in the order calls were made (work.py). Its buffers belong to it until
+    `work.wait()` returns. Calls come from one thread at a time, as in MPI.
     """
 
     def __init__(self, transport: Transport, trace: bool = False,
@@ -135,8 +181,10 @@ class Communicator:
         self._ufuncs: dict[tuple[str, Any], Any] = {}  # (op, dtype) -> ufunc, see `_resolve`
         self._descriptors: dict[tuple, tuple[int, ...]] = {}  # a call's descriptor but its seq
         self._messages = Messages(transport.rank, transport.size)  # point to point, numbered
+        self._progress = Progress(f"ringcc-progress-rank-{transport.rank}",
+                                  _current_device(transport.xp))
         if trace:
-            transport.trace = []
+            transport.trace = Trace()
 
     # ---- who we are ----------------------------------------------------------------------
 
@@ -169,19 +217,51 @@ class Communicator:
         return self._transport.stats
 
     @contextmanager
-    def trace(self) -> Iterator[list[dict]]:
+    def trace(self) -> Iterator[Trace]:
         """Record every transfer this rank makes inside the `with` block.
 
         Yields a list that fills with one dict per transfer: rank, kind ("copy" or "reduce"),
         where ("all_reduce #3"), phase, step, dst and send (offset, count), src and recv
-        (offset, count), bytes sent. Tracing is off, and costs nothing, outside the block.
+        (offset, count), bytes sent, and start and end (`time.perf_counter()`); its `calls`
+        list gets each call's and each `span`'s row, name, start and end. Tracing is off,
+        and costs nothing, outside the block.
         """
-        records: list[dict] = [] if self._transport.trace is None else self._transport.trace
+        records = Trace() if self._transport.trace is None else self._transport.trace
         outer, self._transport.trace = self._transport.trace, records
         try:
             yield records
         finally:
             self._transport.trace = outer
+
+    @contextmanager
+    def span(self, name: str) -> Iterator[None]:
+        """Mark the caller's own work inside the block ("backward") on the timeline, beside
+        the calls; nothing when not tracing."""
+        trace = self._transport.trace
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if trace is not None:
+                record_span(trace, name, start, time.perf_counter())
+
+    def write_timeline(self, path: str, records: Trace | None = None) -> None:
+        """Write what every rank traced (default: since `init(trace=True)`, or in the current
+        `trace` block) to `path` as Chrome trace-event JSON, for Perfetto or chrome://tracing:
+        one process per rank, one row per phase. Collective: rank 0 gathers and writes."""
+        records = records if records is not None else self._transport.trace
+        if records is None:
+            raise InvalidArgumentError("nothing traced: make the communicator with "
+                                       "trace=True, or pass the records of a `trace` block")
+        write_timeline(self, path, records)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Work:
+        """Run `fn(*args)` on the progress thread, after every call made before it; a `Work`
+        for its result. The calls `fn` makes on this communicator run at once, in its turn:
+        a step of several calls (a scale, then a reduction) queued as one."""
+        self._usable()
+        return self._progress.submit(f"submitted {getattr(fn, '__name__', 'function')}",
+                                     lambda: fn(*args))
 
     def empty(self, shape: int | tuple[int, ...], dtype: Any = numpy.float64) -> Any:
         """A new array that peers read in place (registered memory, as MPI_Win_allocate_shared
@@ -201,7 +281,7 @@ class Communicator:
         if self._transport.closed:
             raise InvalidArgumentError("this communicator is closed")
         nbytes = math.prod(shape) * dtype.itemsize
-        return self._transport.register(nbytes).view(dtype).reshape(shape)
+        return self._in_turn(lambda: self._transport.register(nbytes)).view(dtype).reshape(shape)
 
     def zeros(self, shape: int | tuple[int, ...], dtype: Any = numpy.float64) -> Any:
         """`empty`, filled with zeros."""
@@ -224,8 +304,9 @@ class Communicator:
         Returns `recvbuf` (allocated when None); `recvbuf is sendbuf` works in place. NaN
         propagates: under sum, prod and avg as in arithmetic, and min and max follow NumPy's
         `minimum` and `maximum`, which return NaN where either side is NaN. `algorithm`: "auto"
-        (one-shot up to the transport's `one_shot_bytes`, else the ring), "ring", "one_shot",
-        or one of the naive all-reduces kept to teach, "naive_ring" and "reduce_broadcast".
+        (one-shot up to the transport's `one_shot_bytes`, else the ring, or on the
+        hierarchical transport the hierarchical one), "ring", "one_shot", "hierarchical", or
+        one of the naive all-reduces kept to teach, "naive_ring" and "reduce_broadcast".
         """
         transport = self._transport
         xp = transport.xp
@@ -504,8 +585,18 @@ class Communicator:
             recvbuf = xp.empty(sendbuf.shape, sendbuf.dtype)
         return self._pair(sendbuf, dst, recvbuf, dst if src is None else src)
 
+    def wait_all(self) -> None:
+        """Wait until every call made so far has run (as MPI_Waitall on all of them); the
+        progress thread then ends, until the next `async_op` call starts it again."""
+        if self._progress.on_thread():
+            raise InvalidArgumentError("wait_all and close wait for the progress thread: call "
+                                       "them from the thread that made the calls")
+        self._progress.close()
+
     def close(self) -> None:
-        """Release the transport's resources. The communicator cannot be used afterwards."""
+        """Wait for the calls still queued, then release the transport's resources. The
+        communicator cannot be used afterwards."""
+        self.wait_all()
         self._transport.close()
 
     def __enter__(self) -> Communicator:
@@ -556,6 +647,12 @@ class Communicator:
         if copied:
             recvbuf[...] = into.reshape(recvbuf.shape)
         return recvbuf
+
+    def _in_turn(self, call: Callable[[], Any]) -> Any:
+        """`call()`, after the calls queued before it (at once when none are)."""
+        if self._progress.outstanding and not self._progress.on_thread():
+            return self._progress.submit("a queued call", call).wait()
+        return call()
 
     def _usable(self) -> None:
         """Refuse a closed or broken communicator."""

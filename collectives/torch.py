@@ -13,24 +13,26 @@ How it fits. PyTorch takes a process group written in Python: a subclass of
 `torch.distributed.ProcessGroup` whose methods (`allreduce`, `allgather`, ...) receive tensors
 and options and return a `Work`. torch.distributed's functions, and DDP's C++ reducer, call
 those methods. Here each one views its tensors as NumPy arrays that share their memory
-(`Tensor.numpy()`: no copy for a contiguous tensor), runs the ringcc collective on a worker
-thread, one per communicator so that calls run in the order they were made, and returns a
-`Work` whose future completes when the collective has. So `async_op=True` returns at once, and
-DDP's buckets are averaged while backward goes on. DDP on the default group also needs
-`allgather` and `broadcast`: before training it checks, through them, that every rank holds
-the same parameters (C++ `verify_params_across_processes`), and a group without them fails
+(`Tensor.numpy()`: no copy for a contiguous tensor), runs the ringcc collective on the
+communicator's progress thread (`Communicator.submit`: calls run in the order they were
+made), and returns a `Work` whose future completes when the collective has. So
+`async_op=True` returns at once, and DDP's buckets are averaged while backward goes on. DDP
+on the default group also needs `allgather` and `broadcast`: before training it checks,
+through them, that every rank holds the same parameters (C++
+`verify_params_across_processes`), and a group without them fails
 with "No backend type associated with device type cpu".
 
-A communicator that serves torch runs its calls on that worker: make them through torch, or
-through `run`, not directly from another thread at the same time. Since the calls run one
-after another, a send, which waits for its receiver (checked point-to-point calls do), holds
-every call queued behind it: pair sends and receives so that each send's receiver comes.
+A call made on the communicator itself, from the thread that makes the torch calls, queues
+behind them (work.py). Since the calls run one after another, a send, which waits for its
+receiver (checked point-to-point calls do), holds every call queued behind it: pair sends and
+receives so that each send's receiver comes.
+The progress threads end at exit, before the interpreter finalizes (`_stop_progress`).
 PyTorch stays optional: nothing else in ringcc imports it.
 """
 
+import atexit
 import os
-import queue
-import threading
+import weakref
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -50,44 +52,31 @@ OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.PRODUCT: "prod", dist.ReduceOp.MI
        dist.ReduceOp.MAX: "max", dist.ReduceOp.AVG: "avg"}
 
 
-class Worker:
-    """Runs one communicator's calls, in order, on a thread of its own; each call's outcome is
-    a torch Future."""
-
-    def __init__(self, comm: Communicator) -> None:
-        self.comm = comm
-        self.calls: queue.SimpleQueue = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._serve, daemon=True,
-                                       name=f"ringcc-torch-rank-{comm.rank}")
-        self.thread.start()
-
-    def submit(self, call: Callable[[], Any]) -> torch.futures.Future:
-        """Queue `call`; the future gets what it returns, or what it raises."""
-        future: torch.futures.Future = torch.futures.Future()
-        self.calls.put((call, future))
-        return future
-
-    def _serve(self) -> None:
-        while True:
-            call, future = self.calls.get()
-            try:
-                future.set_result(call())
-            except BaseException as error:  # noqa: BLE001 - handed to whoever waits
-                future.set_exception(error)
+_served: "weakref.WeakSet[Communicator]" = weakref.WeakSet()  # communicators torch has used
 
 
-_workers: dict[int, Worker] = {}
-_workers_lock = threading.Lock()
+@atexit.register
+def _stop_progress() -> None:
+    # A thread still alive when the interpreter finalizes is torn down inside torch's C++ and
+    # aborts the process ("terminate called without an active exception"): end them first.
+    for comm in list(_served):
+        comm.wait_all()
 
 
 def run(comm: Communicator, call: Callable[[], Any]) -> torch.futures.Future:
-    """Run `call` on `comm`'s worker, after every call queued before it; a Future of its
-    result."""
-    with _workers_lock:
-        worker = _workers.get(id(comm))
-        if worker is None or worker.comm is not comm:
-            worker = _workers[id(comm)] = Worker(comm)
-    return worker.submit(call)
+    """Run `call` on `comm`'s progress thread (`Communicator.submit`), after every call made
+    before it; a torch Future of its result."""
+    future: torch.futures.Future = torch.futures.Future()
+
+    def settle() -> None:
+        try:
+            future.set_result(call())
+        except BaseException as error:  # noqa: BLE001 - handed to whoever waits
+            future.set_exception(error)
+
+    _served.add(comm)
+    comm.submit(settle)
+    return future
 
 
 def as_array(tensor: torch.Tensor, call: str) -> numpy.ndarray:
@@ -95,11 +84,11 @@ def as_array(tensor: torch.Tensor, call: str) -> numpy.ndarray:
     is none (a device tensor, or a dtype NumPy lacks)."""
     if not isinstance(tensor, torch.Tensor):
         raise InvalidTypeError(f"{call}: expected a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.device.type != "cpu":
+    if not tensor.is_cpu:
         raise InvalidTypeError(f"{call}: the ringcc backend moves CPU tensors; got one on "
                                f"{tensor.device}")
-    try:
-        return tensor.detach().numpy()
+    try:  # (detach only when needed: it costs a new tensor on every call)
+        return (tensor.detach() if tensor.requires_grad else tensor).numpy()
     except TypeError as error:  # bfloat16 and the like
         raise InvalidTypeError(f"{call}: ringcc cannot move {tensor.dtype} tensors "
                                f"({error})") from None
@@ -130,7 +119,7 @@ class ProcessGroup(dist.ProcessGroup):
             return result
         return _create_work_from_future(run(self.comm, done))
 
-    # ---- the collectives: each checks its arguments here, and moves data on the worker ----
+    # ---- the collectives: each checks its arguments here, and moves data in the background
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:
         op = reduce_op(opts.reduceOp, "all_reduce")
@@ -326,7 +315,7 @@ def init_process_group(**options: Any) -> None:
 
 def allreduce_hook(comm: Communicator,
                    bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Average the bucket's gradients over `comm`'s ranks, on the worker: DDP goes on with
+    """Average the bucket's gradients over `comm`'s ranks in the background: DDP goes on with
     backward meanwhile, as it does with its own backends.
     `ddp.register_comm_hook(comm, allreduce_hook)`."""
     buffer = bucket.buffer()

@@ -10,6 +10,7 @@ tolerance for floats (the ring adds in another order than NumPy does).
 from __future__ import annotations
 
 import functools
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -278,6 +279,46 @@ def marked_barrier_case(comm: Any, folder: str, hold: float) -> dict:
     seen = sorted(path.name for path in marks.glob("mark-*"))
     (marks / f"passed-{comm.rank}").touch()
     return {"result": seen}
+
+
+def async_case(comm: Any, count: int, dtype: str, order: int) -> dict:
+    """Every collective started with async_op=True, a blocking all-reduce queued behind them,
+    then the Works waited on in an order that differs from rank to rank."""
+    rank, size = comm.rank, comm.size
+    mine = values(rank, count, dtype)
+    blocks = values(rank, size * count, dtype).reshape(size, count)
+    started = {
+        "all_reduce": comm.all_reduce(mine, async_op=True),
+        "all_gather": comm.all_gather(mine, async_op=True),
+        "broadcast": comm.broadcast(mine.copy(), root=size - 1, async_op=True),
+        "scatter": comm.scatter(blocks, root=0, async_op=True),
+        "reduce_scatter": comm.reduce_scatter(blocks, async_op=True),
+        "gather": comm.gather(mine, root=0, async_op=True),
+        "reduce": comm.reduce(mine, root=size - 1, async_op=True),
+        "all_to_all": comm.all_to_all(blocks, async_op=True),
+        "scan": comm.scan(mine, async_op=True),
+        "sendrecv": comm.sendrecv(mine, (rank + 1) % size, src=(rank - 1) % size,
+                                  async_op=True),
+        "barrier": comm.barrier(async_op=True),
+    }
+    queued = comm.all_reduce(mine, op="max")  # blocking: it waits for its turn
+    names = random.Random(order * 1000 + rank).sample(list(started), len(started))
+    result = {name: started[name].wait() for name in names}
+    return {"result": {**result, "queued": queued},
+            "completed": all(work.is_completed() for work in started.values())}
+
+
+def async_mismatch_case(comm: Any) -> dict:
+    """Rank 0 starts an all-reduce of 4 elements, the others of 5, then an all-gather, both
+    async: every rank's first wait raises what the blocking call would; the next succeeds."""
+    first = comm.all_reduce(numpy.ones(4 if comm.rank == 0 else 5), async_op=True)
+    after = comm.all_gather(numpy.array([comm.rank]), async_op=True)
+    try:
+        first.wait()
+        said = None
+    except Exception as error:  # noqa: BLE001 - what every rank raised is the result
+        said = f"{type(error).__name__}: {error}"
+    return {"result": said, "after": after.wait()}
 
 
 # ---- references, checked in the test process ----------------------------------------------

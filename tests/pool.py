@@ -35,6 +35,11 @@ MAX_RANKS = 6
 # itself a barrier and would hide a transport's barrier that does not hold.
 VARIANTS = {"auto": {}, "ring": {"segment_bytes": 4096, "one_shot_bytes": 0},
             "one_shot": {"one_shot_bytes": 1 << 20}, "unchecked": {"check": False}}
+# Hierarchical communicators over virtual nodes, (nodes, ranks per node), keyed
+# ("hierarchical", "MxK", M*K); every all-reduce on them takes the hierarchical algorithm, its
+# steps cut in many segments (test_hierarchical.py).
+NODE_SHAPES = ((2, 2), (2, 3), (3, 2))
+HIERARCHICAL = {"segment_bytes": 4096, "one_shot_bytes": 0}
 START_TIMEOUT = 120.0
 ANSWER_TIMEOUT = 40.0  # longer than a rank's own collective timeout, so that one speaks first
 RANK_TIMEOUT = 20.0

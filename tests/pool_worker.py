@@ -14,7 +14,7 @@ from mpi4py import MPI
 
 import cases
 import collectives
-from pool import AUTHKEY_VARIABLE, VARIANTS
+from pool import AUTHKEY_VARIABLE, HIERARCHICAL, NODE_SHAPES, VARIANTS
 
 
 def main() -> None:
@@ -36,6 +36,13 @@ def main() -> None:
                     comms[(transport, variant, size)] = collectives.init(
                         transport, comm=part, timeout=timeout, **options)
                     part.Free()
+    for nodes, per_node in NODE_SHAPES:
+        size = nodes * per_node
+        part = world.Split(0 if rank < size else MPI.UNDEFINED, rank)
+        if part != MPI.COMM_NULL:
+            comms[("hierarchical", f"{nodes}x{per_node}", size)] = collectives.init(
+                "hierarchical", comm=part, timeout=timeout, node_size=per_node, **HIERARCHICAL)
+            part.Free()
     connection.send("ready")
 
     while True:

@@ -80,22 +80,25 @@ def test_an_implementation_without_the_collective_is_not_measured():
     assert not peers.Impl("gloo", peers.GlooPeer, peers.GlooPeer.dtypes).can("scan", "float32")
     assert not peers.Impl("gloo", peers.GlooPeer, peers.GlooPeer.dtypes).can("gather",
                                                                              "uint64")
+    ringcc_torch = peers.Impl("torch-ringcc", peers.TorchRingccPeer)
+    assert not ringcc_torch.can("scan", "float32") and ringcc_torch.can("sendrecv", "uint64")
 
 
 def test_scan_beside_a_peer_that_has_none(tmp_path):
     result = mpiexec(2, "-m", "benchmarks.scan", "-b", "64", "-e", "4K", "-f", "64", "-n", "2",
-                     "-w", "1", "--transport", "shm", "--compare", "mpi,gloo,memory",
+                     "-w", "1", "--transport", "shm", "--compare", "mpi,gloo,torch-ringcc,memory",
                      "--json", str(tmp_path / "r.json"), timeout=120)
     rows = json.loads((tmp_path / "r.json").read_text())["rows"]
     assert {row["impl"] for row in rows} == {"ringcc:shm", "mpi", "memory"}
     assert all(row["wrong"] in (0, None) for row in rows)
     if torch_here():
-        assert "# gloo does not do scan: not measured" in result.stdout
+        for peer in ("gloo", "torch-ringcc"):
+            assert f"# {peer} does not do scan: not measured" in result.stdout
         table = [line.split() for line in result.stdout.splitlines()
                  if not line.startswith("#")]
-        # size .. root, ringcc's 4 columns, mpi's 3, gloo's "n/a", memory's 3
-        assert [len(fields) for fields in table] == [5 + 4 + 3 + 1 + 3] * 2
-        assert all(fields[12] == "n/a" for fields in table)
+        # size .. root, ringcc's 4 columns, mpi's 3, gloo's and torch-ringcc's "n/a", memory's 3
+        assert [len(fields) for fields in table] == [5 + 4 + 3 + 1 + 1 + 3] * 2
+        assert all(fields[12] == fields[13] == "n/a" for fields in table)
 
 
 def test_every_new_collective_dtype_and_op_checks_out_on_three_ranks(tmp_path):

@@ -58,10 +58,10 @@ def test_options_in_nccl_tests_spelling():
     args = options.parse_args(ALL_REDUCE, [
         "-b", "1K", "-e", "1M", "-f", "4", "-n", "7", "-w", "1", "-c", "0", "-o", "max",
         "-d", "double", "-r", "1", "--transport", "shm,mpi", "--registered", "1",
-        "--compare", "mpi,gloo", "--json", "out.json", "--csv", "out.csv"])
+        "--compare", "mpi,gloo,torch-ringcc", "--json", "out.json", "--csv", "out.csv"])
     assert args.sizes == [1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20]
     assert (args.iters, args.warmup_iters, args.check, args.op, args.root) == (7, 1, 0, "max", 1)
-    assert args.transport == ["shm", "mpi"] and args.compare == ["mpi", "gloo"]
+    assert args.transport == ["shm", "mpi"] and args.compare == ["mpi", "gloo", "torch-ringcc"]
     assert args.registered == 1
     assert (args.json, args.csv) == ("out.json", "out.csv")
     assert options.cases(ALL_REDUCE, args) == ([("float64", "max")], [])
@@ -207,6 +207,20 @@ def test_table_rows_show_ratio_and_missing_peers():
     assert "0 OK" in report.summary(example_rows(2), impls)
 
 
+def test_a_peer_that_works_in_place_gets_a_buffer_of_its_own():
+    """torch.distributed reduces in place: its peers get the input in one buffer of their own,
+    so that the time is the call's alone and their result leaves the others' input as it was."""
+    own = numpy.arange(6.0)
+    send, recv = own.copy(), numpy.empty(6)
+    torch_like = peers.Impl("gloo", None, in_place=("all_reduce", "reduce"))
+    mine, result = measure.own_buffers(torch_like, ALL_REDUCE, send, recv, own)
+    assert mine is result and mine is not send and mine is not own
+    numpy.testing.assert_array_equal(mine, own)
+    assert measure.own_buffers(torch_like, ALL_GATHER, send, recv, own) == (send, recv)
+    assert measure.own_buffers(peers.Impl("mpi", None), ALL_REDUCE, send, recv, own) == \
+        (send, recv)
+
+
 def test_the_memory_peer_does_the_least_work_of_each_call():
     peer = peers.MemoryPeer(rank=1, size=3)
     peer.all_reduce(numpy.zeros(12), numpy.zeros(12, "int8"))
@@ -256,11 +270,12 @@ def test_plot_draws_one_line_per_implementation_and_rank_count(tmp_path):
 
 def test_all_reduce_under_mpiexec_beside_the_peers(tmp_path):
     result = mpiexec(2, "-m", "benchmarks.all_reduce", "-b", "8", "-e", "4K", "-f", "8",
-                     "-n", "2", "-w", "1", "--transport", "mpi", "--compare", "mpi,gloo",
+                     "-n", "2", "-w", "1", "--transport", "mpi",
+                     "--compare", "mpi,gloo,torch-ringcc",
                      "--json", str(tmp_path / "r.json"), "--csv", str(tmp_path / "r.csv"),
                      timeout=120)
     results = json.loads((tmp_path / "r.json").read_text())
-    impls = ["ringcc:mpi", "mpi"] + (["gloo"] if torch_here() else [])
+    impls = ["ringcc:mpi", "mpi"] + (["gloo", "torch-ringcc"] if torch_here() else [])
     assert SCHEMA_META <= set(results["meta"]) and results["meta"]["impls"] == impls
     rows = results["rows"]
     assert [(r["impl"], r["bytes"]) for r in rows] == \
@@ -272,6 +287,40 @@ def test_all_reduce_under_mpiexec_beside_the_peers(tmp_path):
     assert "# Avg bus bandwidth" in result.stdout and "ratio: peer time" in result.stdout
     with open(tmp_path / "r.csv") as source:
         assert len(list(csv.DictReader(source))) == len(rows)
+
+
+def test_the_torch_peers_are_skipped_by_name_without_torch(tmp_path):
+    script = tmp_path / "no_torch.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        sys.modules["torch"] = None  # as if PyTorch were not installed: importing it fails
+        from benchmarks.all_reduce import ALL_REDUCE
+        from benchmarks.harness import main
+        sys.exit(main(ALL_REDUCE, sys.argv[1:]))
+    """))
+    result = mpiexec(2, str(script), "-b", "64", "-e", "64", "-n", "1", "-w", "0",
+                     "--transport", "mpi", "--compare", "torch-ringcc,gloo",
+                     "--json", str(tmp_path / "r.json"), timeout=120)
+    for peer in ("torch-ringcc", "gloo"):
+        assert f"# {peer}: torch is not installed here (pip install torch); the {peer} peer " \
+            "is skipped" in result.stdout
+    rows = json.loads((tmp_path / "r.json").read_text())["rows"]
+    assert [row["impl"] for row in rows] == ["ringcc:mpi"] and rows[0]["wrong"] == 0
+
+
+@pytest.mark.skipif(not torch_here(), reason="PyTorch is not installed: pip install torch")
+def test_the_trainer_beside_pytorch_ddp_on_gloo_on_ringcc_and_with_its_hook():
+    result = mpiexec(2, "-m", "benchmarks.trainer", "--compare", "torch", "--zero", "0",
+                     "--warmup", "1", "--steps", "2", "--rounds", "1", timeout=240)
+    lines = result.stdout.splitlines()
+    rows = ("torch DDP (gloo)", "torch DDP on ringcc", "torch DDP + ringcc hook")
+    for name in rows:
+        assert any(line.strip().startswith(name) for line in lines), result.stdout
+    for name in rows[1:]:
+        assert any(line.startswith(f"# {name} / torch DDP (gloo): ") and
+                   line.endswith("x steps/s") for line in lines), result.stdout
+    check = next(line for line in lines if "relative difference from torch DDP (gloo)" in line)
+    assert check.count(" yes") == 2 and "NO" not in check, check
 
 
 def test_all_reduce_beside_the_memory_bound(tmp_path):
@@ -310,8 +359,8 @@ def test_registered_buffers_check_out(name, tmp_path):
 def check_every_dtype_and_op(tmp_path, collectives_: list, transports: list[str],
                              smallest: str) -> None:
     """Run the benchmarks of `collectives_` on 3 ranks, a root that is not 0, every dtype and
-    every op, from `smallest` bytes up to 1K, with the MPI and Gloo peers; every
-    implementation must agree with the references. (Gloo has no scan.)"""
+    every op, from `smallest` bytes up to 1K, with the MPI, Gloo and torch-ringcc peers; every
+    implementation must agree with the references. (torch.distributed has no scan.)"""
     names = [c.name for c in collectives_]
     script = tmp_path / "all.py"
     script.write_text(textwrap.dedent(f"""
@@ -324,7 +373,7 @@ def check_every_dtype_and_op(tmp_path, collectives_: list, transports: list[str]
             status |= main(collective, ["-b", "{smallest}", "-e", "1K", "-f", "64", "-n", "1",
                                         "-w", "0", "-d", "all", "-o", "all", "-r", "1",
                                         "--transport", "{','.join(transports)}",
-                                        "--compare", "mpi,gloo",
+                                        "--compare", "mpi,gloo,torch-ringcc",
                                         "--json", rf"{tmp_path}/" + name + ".json"])
         sys.exit(status)
     """))
@@ -333,9 +382,10 @@ def check_every_dtype_and_op(tmp_path, collectives_: list, transports: list[str]
         rows = json.loads((tmp_path / f"{collective.name}.json").read_text())["rows"]
         assert rows and all(row["wrong"] == 0 for row in rows)
         assert {row["dtype"] for row in rows} == set(options.DTYPES)
-        gloo = torch_here() and collective.name != "scan"
+        torch_peers = {"gloo", "torch-ringcc"} if torch_here() and collective.name != "scan" \
+            else set()
         assert {row["impl"] for row in rows} == \
-            {f"ringcc:{t}" for t in transports} | {"mpi"} | ({"gloo"} if gloo else set())
+            {f"ringcc:{t}" for t in transports} | {"mpi"} | torch_peers
         if collective.reduces:
             assert {row["op"] for row in rows} == set(collectives.OPS)
 

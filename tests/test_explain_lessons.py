@@ -53,3 +53,41 @@ def test_a_gather_lesson_refuses_a_count_of_uneven_blocks():
         explain.main(["gather", "--ranks", "4", "--count", "6"])
     with pytest.raises(SystemExit):
         explain.main(["sendrecv", "--op", "sum"])
+
+
+def test_hierarchical_shows_each_pass_on_its_part_and_the_bytes_between_nodes(capsys):
+    explain.main(["hierarchical", "--ranks", "4", "--node-size", "2", "--count", "8"])
+    out = capsys.readouterr().out
+    steps = [line for line in out.splitlines() if line.startswith("step ")]
+    assert steps == ["step 1 of 4: node reduce-scatter", "step 2 of 4: across reduce-scatter",
+                     "step 3 of 4: across all-gather", "step 4 of 4: node all-gather"], out
+    # Inside node 0 (ranks 0, 1) and node 1 (2, 3), then between them, in world ranks.
+    assert "  rank 1 -> rank 0: shard 0 [0:4) reduce" in out
+    assert "  rank 0 -> rank 2: [0:2) reduce" in out and "  rank 3 -> rank 1: [4:6) copy" in out
+    assert "  rank 2  [ 60 64 68 72 | 24 25 26 27 ]" in out  # shard 0 done, before the gather
+    assert "ends where the collective did, on every rank: yes" in out
+    assert "the result equals NumPy's reference: yes" in out
+    assert out.count("(as expected)") == 4
+    assert "(at most 2(M-1)/M S/k, in whole elements 32 B; a flat ring's busiest rank sends " \
+        "2(N-1)/N S = 96 B across)" in out
+    assert out.count(": 32 B = 0.5 S  (within the bound)") == 4
+
+
+@pytest.mark.parametrize("size, node_size, count, op", [(6, 3, 13, "avg"), (6, 2, 12, "max"),
+                                                        (4, 1, 5, "sum"), (4, 4, 3, "prod")])
+def test_hierarchical_replays_on_any_cut_into_nodes(size, node_size, count, op):
+    setup = explain.Setup("hierarchical", size, count, op=op, segment_bytes=16,
+                          node_size=node_size)
+    per_rank = collectives.spawn(explain.run_rank, size, setup, ("hierarchical",),
+                                 segment_bytes=16, one_shot_bytes=0, node_size=node_size)
+    text, run = explain.explain(setup, json.loads(json.dumps(per_rank)), "threads")
+    assert run.replay_matches and run.reference_matches, text
+    assert text.count("(as expected)") == size and "OVER THE BOUND" not in text, text
+    assert "<svg" in picture.svg(run) and "<html" in picture.html(run)
+
+
+def test_node_size_is_for_the_hierarchical_lesson_and_must_cut_whole_nodes():
+    with pytest.raises(SystemExit):
+        explain.main(["all_reduce", "--node-size", "2"])
+    with pytest.raises(SystemExit):
+        explain.main(["hierarchical", "--ranks", "5", "--node-size", "2"])

@@ -111,8 +111,9 @@ def test_messages_are_numbered_per_peer_and_only_their_data_is_counted_and_trace
                     ("send #1 to rank 2", "send", 16)]
     assert received == [("recv #1 from rank 0", "recv", 0), ("recv #2 from rank 0", "recv", 0)]
     assert other == [("recv #1 from rank 0", "recv", 0)]
-    assert stats0 == {"bytes_sent": 60, "bytes_received": 0, "messages": 3}
-    assert stats1 == {"bytes_sent": 0, "bytes_received": 44, "messages": 0}
+    none_between_nodes = {"inter_node_bytes_sent": 0, "inter_node_bytes_received": 0}
+    assert stats0 == {"bytes_sent": 60, "bytes_received": 0, "messages": 3, **none_between_nodes}
+    assert stats1 == {"bytes_sent": 0, "bytes_received": 44, "messages": 0, **none_between_nodes}
 
 
 def test_sendrecv_with_itself_copies_and_defaults_to_a_new_array_from_its_peer():
@@ -135,7 +136,8 @@ def test_empty_messages_are_checked_but_move_nothing():
         return vars(comm.stats).copy()
 
     assert collectives.spawn(body, 2) == [{"bytes_sent": 0, "bytes_received": 0,
-                                           "messages": 0}] * 2
+                                           "messages": 0, "inter_node_bytes_sent": 0,
+                                           "inter_node_bytes_received": 0}] * 2
     with pytest.raises(collectives.MismatchError, match="count 0, float64"):
         collectives.spawn(lambda c: c.send(numpy.zeros(0), 1) if c.rank == 0
                           else c.recv(numpy.zeros(1), 0), 2, timeout=TIMEOUT)

@@ -166,7 +166,7 @@ def failure_scenario(how: str) -> None:
 
 def errors_scenario() -> None:
     """The errors of `init`, and the region's mode: none of them allocates a region."""
-    from transports import bootstrap, shared_memory, slots
+    from transports import bootstrap, shared_memory
 
     # A new region is 0600 whatever the umask, under a name nobody can guess.
     old = os.umask(0)
@@ -198,9 +198,9 @@ def errors_scenario() -> None:
         raise AssertionError("a /dev/shm too small went unnoticed")
     os.statvfs = statvfs
 
-    # As if on two nodes: both where `init` looks (bootstrap) and where the transport does.
-    on_one_node = bootstrap.on_one_node
-    bootstrap.on_one_node = slots.on_one_node = lambda comm: False
+    # As if every rank were on a node of its own: where `init` and the transport look.
+    nodes = bootstrap.nodes
+    bootstrap.nodes = lambda comm, node_size=None: list(range(comm.Get_size()))
     try:
         collectives.init("shm")
     except collectives.CollectiveError as error:
@@ -210,7 +210,7 @@ def errors_scenario() -> None:
     with collectives.init("auto") as comm:
         assert comm.transport == "mpi"
         assert comm.all_reduce(numpy.arange(5) + comm.rank).tolist() == [1, 3, 5, 7, 9]
-    bootstrap.on_one_node = slots.on_one_node = on_one_node
+    bootstrap.nodes = nodes
     shared_memory.create_region = create
 
     # A rank that waits on a dead peer stops at once, not at the timeout.

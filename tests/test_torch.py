@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import socket
+import textwrap
 
 import pytest
 
@@ -27,6 +28,33 @@ def test_every_call_matches_gloo(ranks):
 def test_ddp_on_ringcc_and_with_its_hooks_ends_as_ddp_on_gloo():
     job = mpiexec(2, "tests/torch_driver.py", "ddp", str(free_port()), timeout=120)
     assert job.stdout.count("ddp ok") == 2, job.stdout + job.stderr
+
+
+def test_a_job_ends_cleanly_with_its_progress_threads_idle(tmp_path):
+    """collectives.torch ends the progress threads of the communicators it used before the
+    interpreter finalizes: one left waiting for calls was torn down inside torch and aborted
+    the process ("terminate called without an active exception") after this script's last
+    line. Half the communicators are left open, their threads idle, for the exit to end."""
+    script = tmp_path / "idle_workers.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        import torch.distributed as dist
+
+        import collectives
+        import collectives.torch
+
+        for n in range(4):  # four idle threads: each was a chance to abort
+            comm = collectives.init()
+            group = collectives.torch.process_group(comm)
+            dist.all_reduce(torch.ones(4), group=group)
+            dist.broadcast(torch.ones(4), group=group, group_src=0)
+            dist.reduce_scatter_tensor(torch.empty(2), torch.ones(2 * comm.size), group=group)
+            if n % 2:
+                comm.close()
+        print("done", flush=True)
+    """))
+    job = mpiexec(2, str(script), timeout=120, check=False)
+    assert job.returncode == 0 and job.stdout.count("done") == 2, job.stdout + job.stderr
 
 
 def test_only_collectives_torch_imports_torch():

@@ -4,6 +4,7 @@
     python -m trainer --dataset mnist --data-dir ~/mnist --hidden 256,128 --epochs 5
     mpiexec -n 2 python -m trainer --checkpoint ckpt --resume --out results
     mpiexec -n 3 python -m trainer --optimizer adam --zero 1 --grad-dtype float16
+    mpiexec -n 2 python -m trainer --timeline timeline   # open timeline/timeline.json in Perfetto
 
 `--batch-size` is the global batch: each step, rank r trains on slice r of it, so 1 or N
 ranks see the same batches and end with the same parameters. Each rank's loss is the sum
@@ -18,7 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,8 @@ from .optim import DEFAULT_LR, LAMB, OPTIMIZERS, SGD, Adam, Optimizer, learning_
 from .progress import EpochProgress
 from .tensor import Tensor, cross_entropy
 from .zero import ShardedOptimizer, ZeroDataParallel
+
+TIMELINE_STEPS = 5  # steps that --timeline traces
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -89,6 +92,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="write a checkpoint here after every epoch and when stopping")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the checkpoint in --checkpoint, if there is one")
+    parser.add_argument("--timeline", type=Path, metavar="DIR",
+                        help=f"trace the first {TIMELINE_STEPS} steps and write "
+                             f"DIR/timeline.json (Chrome trace events: open in Perfetto)")
     args = parser.parse_args(argv)
     if args.resume and args.checkpoint is None:
         parser.error("--resume needs --checkpoint DIR")
@@ -216,6 +222,7 @@ def train(args: argparse.Namespace, comm: Communicator) -> dict:
 
     metrics = list(position.history)
     run_bytes, run_steps = 0, 0
+    timeline = Timeline(comm, args.timeline)
     while position.epoch < args.epochs and not at_limit():
         batches = sampler.batches(position.epoch)
         progress = EpochProgress(lead, f"epoch {position.epoch + 1}/{args.epochs}",
@@ -234,13 +241,18 @@ def train(args: argparse.Namespace, comm: Communicator) -> dict:
                 # every micro-batch but the last only adds to the local gradients
                 with ddp.no_sync() if m < len(micro) - 1 else nullcontext():
                     part = index[lo:hi]
-                    loss = cross_entropy(ddp(Tensor(x_train[part])), y_train[part], "sum") * scale
-                    loss.backward()
+                    with comm.span("forward"):
+                        loss = cross_entropy(ddp(Tensor(x_train[part])), y_train[part],
+                                             "sum") * scale
+                    with comm.span("backward"):
+                        loss.backward()
                 step_loss = step_loss + loss.data
-            optimizer.step()
+            with comm.span("optimizer"):
+                optimizer.step()
             local_loss += step_loss
             position.step += 1
             position.global_step += 1
+            timeline.stepped()
             # rank 0's own mean loss, from its slice of the batch
             progress.step(step_loss * args.batch_size / (comm.size * len(index)))
         progress.close()
@@ -276,6 +288,7 @@ def train(args: argparse.Namespace, comm: Communicator) -> dict:
             if lead:
                 save_checkpoint(args.checkpoint, model, state, position, config)
     ddp.close()
+    timeline.write()
     accuracy = metrics[-1]["test_accuracy"] if metrics else evaluate(model, x_test, y_test, comm)
     names = list(memory)
     memories = [dict(zip(names, map(int, row)))
@@ -293,6 +306,34 @@ def train(args: argparse.Namespace, comm: Communicator) -> dict:
         print(f"test accuracy: {accuracy:.2%} ({round(accuracy * len(data.y_test))}"
               f"/{len(data.y_test)})", flush=True)
     return {"epochs": metrics, "test_accuracy": accuracy}
+
+
+class Timeline:
+    """With --timeline DIR: the first `TIMELINE_STEPS` steps traced (comm.trace, with spans
+    for forward, backward and the optimizer), then written to DIR/timeline.json."""
+
+    def __init__(self, comm: Communicator, folder: Path | None) -> None:
+        self.comm, self.folder, self.steps = comm, folder, 0
+        self.tracing = ExitStack()
+        self.records = None if folder is None else self.tracing.enter_context(comm.trace())
+
+    def stepped(self) -> None:
+        """One more step done: write once there are enough. Collective, like every step."""
+        if self.records is not None:
+            self.steps += 1
+            if self.steps == TIMELINE_STEPS:
+                self.write()
+
+    def write(self) -> None:
+        """Stop tracing and write what was traced (a run shorter than the timeline's steps
+        writes at its end). Collective."""
+        if self.records is None:
+            return
+        records, self.records = self.records, None
+        self.tracing.close()
+        if self.comm.rank == 0:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        self.comm.write_timeline(str(self.folder / "timeline.json"), records)
 
 
 def main(argv: list[str] | None = None) -> None:

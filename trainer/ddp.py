@@ -9,10 +9,11 @@ the same step and the models never drift apart.
   the order backward completes them in. Buckets of `bucket_mb` megabytes (PyTorch's
   `bucket_cap_mb`) cut the vector, across parameter boundaries where they fall, and each
   bucket is one all-reduce. A bucket is complete when all of its elements have arrived.
-- With `overlap`, a complete bucket is all-reduced on a communication thread while backward
-  goes on with the layers below; without, on the main thread at once. The communicator is
-  not thread-safe, so during backward only that thread calls collectives; the main thread
-  waits for every bucket before backward returns.
+- With `overlap`, a complete bucket's all-reduce is started with `async_op=True`: it runs on
+  the communicator's progress thread while backward goes on with the layers below, and
+  backward waits for every bucket's `Work` before it returns. Without, each bucket is
+  all-reduced on the main thread at once. A bucket whose collective takes several steps
+  (float16 with its scale, or staging through host memory) goes as one `comm.submit`.
 - With `grad_dtype="float16"`, gradients travel in half precision (compress.py): half the
   bytes, at the cost of two conversions and float16 arithmetic.
 - Inside `with ddp.no_sync():` gradients only accumulate locally (gradient accumulation);
@@ -26,8 +27,8 @@ Averaging weighs every rank alike. When the shards differ in size, scale each ra
 so the average is the global batch's mean: sum over the rank's samples * size / global batch
 (what `python -m trainer` does).
 
-Overlap pays where the communication thread finds a free core. Where every rank already
-keeps a core busy (2 ranks on 2 cores), the thread competes with backward for it, and
+Overlap pays where the progress thread finds a free core. Where every rank already keeps a
+core busy (2 ranks on 2 cores), the thread competes with backward for it, and
 `overlap=False` can be as fast or faster: the benchmark shows which.
 
 ZeRO (zero.py) is this class with another collective per bucket: a reduce-scatter.
@@ -35,8 +36,6 @@ ZeRO (zero.py) is this class with another collective per bucket: a reduce-scatte
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -44,7 +43,7 @@ from typing import Any, Iterator
 
 import numpy
 
-from collectives import Communicator
+from collectives import Communicator, Work
 
 from .compress import GRAD_DTYPES, from_float16, to_float16
 from .nn import Module
@@ -102,10 +101,11 @@ class DistributedDataParallel(Module):
         self.module, self.comm, self.overlap = module, comm, overlap
         self.half = grad_dtype == "float16"
         self.comm_seconds = 0.0  # time spent inside collectives, on whichever thread
+        self._works: list[Work] = []  # the buckets in flight, in order (with overlap)
+        self._launched = self._completed = 0  # buckets go in order on every rank
         self.layout = flat_layout(list(module.named_parameters()), int(bucket_mb * 2**20),
                                   comm.size if self.sharded else 1)
         self._sync = True
-        self._thread: threading.Thread | None = None
         self._arrived: set[int] = set()  # indices of the parameters whose gradient is in
         self.grads: Any = None  # the flat gradient vector, where one is kept
         self._host: Any = None  # its copy in host memory, where it must travel through one
@@ -128,19 +128,12 @@ class DistributedDataParallel(Module):
         buckets = self.layout.buckets
         self._filled = [0] * len(buckets)  # elements of each bucket in place
         self._need = [min(hi, self.layout.real) - lo for lo, hi in buckets]
-        self._launched = self._completed = 0  # buckets go in order on every rank
         self._where = {id(p): i for i, p in enumerate(self.layout.params)}
         for param in self.layout.params:
             param.register_hook(self._grad_ready)
         if self.grads is not None:  # backward computes weight gradients straight into place
             for param, view in zip(self.layout.params, self._views()):
                 param.grad_out = view
-        if overlap:
-            self._todo: queue.SimpleQueue[int | None] = queue.SimpleQueue()
-            self._done: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
-            self._thread = threading.Thread(target=self._communicate, daemon=True,
-                                            name=f"ddp-comm-rank-{comm.rank}")
-            self._thread.start()
 
     def forward(self, x: Tensor) -> Tensor:
         if self._arrived:
@@ -169,11 +162,11 @@ class DistributedDataParallel(Module):
         return {"parameters": params, "gradients": sum(b.nbytes for b in kept if b is not None)}
 
     def close(self) -> None:
-        """Stop the communication thread. The wrapper cannot average afterwards."""
-        if self._thread is not None:
-            self._todo.put(None)
-            self._thread.join()
-            self._thread = None
+        """Wait for the buckets still in flight (a backward that raised may leave some); their
+        errors were raised, or are raised by the communicator's next call."""
+        works, self._works = self._works[self._completed:], []
+        for work in works:
+            work.exception()
 
     def __enter__(self) -> DistributedDataParallel:
         return self
@@ -194,12 +187,19 @@ class DistributedDataParallel(Module):
         lo, hi = self.layout.buckets[k]
         return self.grads[lo:hi]
 
-    def _reduce(self, k: int) -> None:
-        """Bucket `k`'s collective: average it over the ranks, in place."""
+    def _reduce(self, k: int, async_op: bool = False) -> Work | None:
+        """Bucket `k`'s collective: average it over the ranks, in place; with `async_op`, in
+        the background, returning its `Work`."""
         grads, comm = self._bucket(k), self.comm
+        if self._host is None and not self.half:
+            work = comm.all_reduce(grads, grads, op="avg", async_op=async_op)
+            return work if async_op else None
+        if async_op:  # several steps: queued as one
+            return comm.submit(self._reduce, k)
         if self._host is not None:
             lo, hi = self.layout.buckets[k]
             host = self._host[lo:hi]
+            grads.device.use()  # CUDA's current device is per thread: this may be another
             grads.get(out=host)
             comm.all_reduce(host, host, op="avg")
             grads.set(host)
@@ -208,8 +208,7 @@ class DistributedDataParallel(Module):
             scale = to_float16(comm, grads, half)
             comm.all_reduce(half, half, op="sum")
             from_float16(half, scale * comm.size, grads)
-        else:
-            comm.all_reduce(grads, grads, op="avg")
+        return None
 
     def _hand_out(self) -> None:
         """After the last bucket: each parameter's `.grad` becomes its averaged gradient."""
@@ -257,7 +256,7 @@ class DistributedDataParallel(Module):
         while self._launched < len(self._filled) and \
                 self._filled[self._launched] == self._need[self._launched]:
             if self.overlap:
-                self._todo.put(self._launched)
+                self._works.append(self._reduce(self._launched, async_op=True))
             else:
                 self._run(self._launched)
                 self._completed += 1
@@ -266,14 +265,15 @@ class DistributedDataParallel(Module):
     def _wait(self, buckets: int) -> None:
         """Return once the first `buckets` buckets are reduced; raise a failure of theirs."""
         while self._completed < buckets:
-            error = self._done.get()
+            work = self._works[self._completed]
             self._completed += 1
-            if error is not None:
-                raise error
+            work.wait()
+            self.comm_seconds += work.seconds
 
     def _finish(self) -> None:
         """Every bucket is launched: wait for them, then hand out the averaged gradients."""
         self._wait(len(self._filled))
+        self._works = []
         self._launched = self._completed = 0
         self._filled = [0] * len(self._filled)
         self._arrived = set()
@@ -283,14 +283,3 @@ class DistributedDataParallel(Module):
         start = time.perf_counter()
         self._reduce(k)
         self.comm_seconds += time.perf_counter() - start
-
-    def _communicate(self) -> None:
-        """The communication thread: reduce buckets in the order they come."""
-        if self.layout.params[0].xp is not numpy:
-            self.layout.params[0].data.device.use()  # CUDA's current device is per thread
-        while (k := self._todo.get()) is not None:
-            try:
-                self._run(k)
-                self._done.put(None)
-            except BaseException as error:  # noqa: BLE001 - raised again on the main thread
-                self._done.put(error)

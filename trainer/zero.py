@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy
 
-from collectives import Communicator, module_for_device, to_numpy
+from collectives import Communicator, Work, module_for_device, to_numpy
 
 from .compress import from_float16, to_float16
 from .ddp import DistributedDataParallel
@@ -100,17 +100,21 @@ class ZeroDataParallel(DistributedDataParallel):
         lo, hi = self.layout.buckets[k]
         return self._slots[slot][:hi - lo]
 
-    def _reduce(self, k: int) -> None:
+    def _reduce(self, k: int, async_op: bool = False) -> Work | None:
         """Reduce-scatter bucket `k`: this rank's block of the average lands in its shard."""
         comm, grads = self.comm, self._bucket(k)
         shard = self.shards[k].grad
-        if self.half:
-            half, half_shard = self._half[:grads.size], self._half_shard[:shard.size]
-            scale = to_float16(comm, grads, half)
-            comm.reduce_scatter(half.reshape(comm.size, -1), half_shard, op="sum")
-            from_float16(half_shard, scale * comm.size, shard)
-        else:
-            comm.reduce_scatter(grads.reshape(comm.size, -1), shard, op="avg")
+        if not self.half:
+            work = comm.reduce_scatter(grads.reshape(comm.size, -1), shard, op="avg",
+                                       async_op=async_op)
+            return work if async_op else None
+        if async_op:  # the scale, then the reduction: queued as one
+            return comm.submit(self._reduce, k)
+        half, half_shard = self._half[:grads.size], self._half_shard[:shard.size]
+        scale = to_float16(comm, grads, half)
+        comm.reduce_scatter(half.reshape(comm.size, -1), half_shard, op="sum")
+        from_float16(half_shard, scale * comm.size, shard)
+        return None
 
     def _hand_out(self) -> None:
         """Nothing to hand out: the shard is in place. The buffers are free for next time."""

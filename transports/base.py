@@ -41,6 +41,9 @@ class Stats:
     bytes_sent: int = 0
     bytes_received: int = 0
     messages: int = 0  # point-to-point sends requested by the algorithms
+    # Of those bytes, the ones to and from ranks on other nodes (`Transport.off_node`).
+    inter_node_bytes_sent: int = 0
+    inter_node_bytes_received: int = 0
 
     def reset(self) -> None:
         for f in fields(self):
@@ -56,7 +59,7 @@ def buffer_address(buf: Any) -> int:
 
 def element_span(buf: Any) -> tuple[int, int]:
     """(offset, count) of a view inside the array it was cut from, in elements."""
-    base = buf.base if buf.base is not None else buf
+    base = buf.base if hasattr(buf.base, "nbytes") else buf  # an array, not bytes or mmap
     return (buffer_address(buf) - buffer_address(base)) // buf.itemsize, buf.size
 
 
@@ -100,6 +103,9 @@ class Transport(ABC):
         # the rank we wait for may be waiting for our core.
         self.spin = 50
         self.stats = Stats()
+        # The peers on other nodes, whose bytes `stats` also counts apart; a transport that
+        # can span nodes says which they are.
+        self.off_node: frozenset[int] = frozenset()
         self.trace: list[dict] | None = None  # a list while tracing, else None (free when off)
         # Test hook: called with each transfer's record, as the trace gets it (see `_count`).
         self.on_transfer: Callable[[dict], None] | None = None
@@ -133,8 +139,10 @@ class Transport(ABC):
         sendbuf, recvbuf = self._check(sendbuf, dst), self._check(recvbuf, src)
         if sendbuf is None and recvbuf is None:
             return
-        self._count("copy", sendbuf, dst, recvbuf, src)
+        record = self._count("copy", sendbuf, dst, recvbuf, src)
         self._sendrecv(sendbuf, dst, recvbuf, src)
+        if record is not None:
+            record["end"] = time.perf_counter()
 
     def sendrecv_reduce(self, sendbuf: Any | None, dst: int | None,
                         accbuf: Any | None, src: int | None, op: ReduceOp,
@@ -148,15 +156,17 @@ class Transport(ABC):
         sendbuf, accbuf = self._check(sendbuf, dst), self._check(accbuf, src)
         if sendbuf is None and accbuf is None:
             return
-        self._count("reduce", sendbuf, dst, accbuf, src)
-        if accbuf is None:  # the peer takes it in its own reduction, so cut it as that does
-            self._send_reduced(sendbuf, dst)
-            return
         if inbuf is None:
             inbuf = accbuf
-        elif inbuf.shape != accbuf.shape or inbuf.dtype != accbuf.dtype:
+        elif accbuf is not None and (inbuf.shape != accbuf.shape or inbuf.dtype != accbuf.dtype):
             raise ValueError("inbuf must match accbuf in size and dtype")
-        self._sendrecv_reduce(sendbuf, dst, accbuf, src, op, inbuf)
+        record = self._count("reduce", sendbuf, dst, accbuf, src)
+        if accbuf is None:  # the peer takes it in its own reduction, so cut it as that does
+            self._send_reduced(sendbuf, dst)
+        else:
+            self._sendrecv_reduce(sendbuf, dst, accbuf, src, op, inbuf)
+        if record is not None:
+            record["end"] = time.perf_counter()
 
     def send(self, buf: Any, dst: int) -> None:
         """Send `buf` to `dst`; returns once `buf` may be reused."""
@@ -180,11 +190,17 @@ class Transport(ABC):
         call, self._call = self._call, None
         if self.size == 1 or (buf.size == 0 and call is None):
             return [buf.copy() for _ in range(self.size)]
-        if counted and buf.size:
-            for step in range(1, self.size):
-                self._count("copy", buf, (self.rank + step) % self.size,
-                            buf, (self.rank - step) % self.size)
-        return self._all_inputs(buf, call)
+        if not counted or buf.size == 0:
+            return self._all_inputs(buf, call)
+        records = [self._count("copy", buf, (self.rank + step) % self.size,
+                               buf, (self.rank - step) % self.size)
+                   for step in range(1, self.size)]
+        inputs = self._all_inputs(buf, call)
+        if records[0] is not None:  # one exchange: its records span it alike
+            start, end = records[0]["start"], time.perf_counter()
+            for record in records:
+                record["start"], record["end"] = start, end
+        return inputs
 
     def register(self, nbytes: int) -> Any:
         """`nbytes` of memory for the caller's buffers, flat bytes, that peers can read in
@@ -304,12 +320,18 @@ class Transport(ABC):
         return buf if buf.size else None
 
     def _count(self, kind: str, sendbuf: Any | None, dst: int | None,
-               recvbuf: Any | None, src: int | None) -> None:
+               recvbuf: Any | None, src: int | None) -> dict | None:
+        """Count a transfer in `stats`; its record (whose "end" the caller sets once the
+        transfer is done) when tracing or hooked, else None."""
         if sendbuf is not None:
             self.stats.bytes_sent += sendbuf.nbytes
             self.stats.messages += 1
+            if dst in self.off_node:
+                self.stats.inter_node_bytes_sent += sendbuf.nbytes
         if recvbuf is not None:
             self.stats.bytes_received += recvbuf.nbytes
+            if src in self.off_node:
+                self.stats.inter_node_bytes_received += recvbuf.nbytes
         if self.trace is not None or self.on_transfer is not None:
             record = {
                 "rank": self.rank, "kind": kind, "where": self.where,
@@ -319,11 +341,14 @@ class Transport(ABC):
                 "src": src if recvbuf is not None else None,
                 "recv": element_span(recvbuf) if recvbuf is not None else None,
                 "bytes": sendbuf.nbytes if sendbuf is not None else 0,
+                "start": time.perf_counter(), "end": None,
             }
             if self.trace is not None:
                 self.trace.append(record)
             if self.on_transfer is not None:
                 self.on_transfer(record)
+            return record
+        return None
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} rank {self.rank} of {self.size}>"

@@ -23,7 +23,7 @@ import numpy
 from mpi4py import MPI
 
 from .base import CALL_WORDS, ReduceOp, Transport, segments
-from .bootstrap import duplicated, start
+from .bootstrap import duplicated, nodes, start
 from .cuda import copy_bytes, pinned_empty, use_gpu
 from .errors import CallsDiffer, InvalidArgumentError
 
@@ -65,13 +65,16 @@ class MPITransport(Transport):
     default_one_shot_bytes = 64 << 10
 
     def __init__(self, comm: MPI.Comm | None = None, *, device: str = "cpu",
-                 **options: Any) -> None:
+                 node_size: int | None = None, **options: Any) -> None:
         if device not in ("cpu", "cuda"):
             raise InvalidArgumentError(f"unknown device {device!r}; expected 'cpu' or 'cuda'")
         with duplicated(comm) as self.comm:
             xp = use_gpu(self.comm) if device == "cuda" else numpy
             super().__init__(self.comm.Get_rank(), self.comm.Get_size(), xp=xp, **options)
             start(self.comm, self)
+            # Which peers are on other nodes (virtual ones with `node_size`), for `stats`.
+            node = nodes(self.comm, node_size)
+            self.off_node = frozenset(r for r, n in enumerate(node) if n != node[self.rank])
             # Two segments of scratch, where the reduction runs: one is reduced while the next
             # one arrives. (A segment holds at least one element; no dtype is wider than 64 B.)
             nbytes = max(self.segment_bytes, 64)

@@ -126,7 +126,7 @@ class SlotTransport(Transport):
     `memory`. A transport is this protocol with a name, defaults and a memory kind."""
 
     def __init__(self, comm: MPI.Comm | None, memory: MemoryKind, *, device: str | None = None,
-                 **options: Any) -> None:
+                 node_size: int | None = None, **options: Any) -> None:
         if device not in (None, memory.device):
             raise InvalidArgumentError(f"the {self.name} transport moves {memory.device} "
                                        f"arrays, not {device} ones")
@@ -134,7 +134,7 @@ class SlotTransport(Transport):
         with duplicated(comm) as self.comm:
             super().__init__(self.comm.Get_rank(), self.comm.Get_size(), xp=memory.xp,
                              **options)
-            if not on_one_node(self.comm):
+            if not on_one_node(self.comm, node_size):
                 raise CollectiveError(f"the {self.name} transport needs every rank on one node, "
                                       f"but these ranks span nodes; use transport='mpi' or "
                                       f"'auto'")

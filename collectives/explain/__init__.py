@@ -10,6 +10,7 @@ also runs the two naive algorithms of `naive.py`, so the ring's savings are ther
 
     python -m collectives.explain all_reduce --ranks 4 --count 8 --svg ring.svg
     mpiexec -n 4 python -m collectives.explain broadcast --root 2 --transport mpi
+    python -m collectives.explain hierarchical --ranks 6 --node-size 3
 
 Its modules, each importing only those listed before it:
 

@@ -29,6 +29,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--root", type=int, help="root rank (broadcast, scatter, gather, reduce, "
                         "reduce_broadcast)")
     parser.add_argument("--op", choices=list(REDUCE), help="reduction (default sum)")
+    parser.add_argument("--node-size", type=int, help="hierarchical: ranks per node, "
+                        "consecutive (default 2)")
     # Real ranks: the transports of an MPI job that move NumPy arrays, listed by name.
     launched = ["auto", *sorted(registry.names(device="cpu"))]
     parser.add_argument("--transport", default="threads", choices=["threads", *launched])
@@ -44,6 +46,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"{args.collective} does not reduce; --op does not apply")
     if args.root is not None and not lesson.rooted:
         parser.error(f"{args.collective} has no root; --root does not apply")
+    if args.node_size is not None and args.collective != "hierarchical":
+        parser.error(f"{args.collective} runs on flat ranks; --node-size does not apply")
     if args.count < 0:
         parser.error("--count must not be negative")
     if args.frame is not None and not args.svg:
@@ -59,6 +63,9 @@ def setup_for(args: argparse.Namespace, size: int) -> Setup:
         raise ValueError("--ranks must be at least 1")
     if not 0 <= root < size:
         raise ValueError(f"--root {root} is not a rank in [0, {size})")
+    node_size = (args.node_size or 2) if args.collective == "hierarchical" else 0
+    if node_size and (node_size < 1 or size % node_size):
+        raise ValueError(f"--node-size {node_size} does not cut {size} ranks into whole nodes")
     if lesson.blocks and args.count % size:
         raise ValueError(f"{args.collective} cuts the buffer into {size} equal blocks; "
                          f"--count {args.count} is not a multiple of {size}")
@@ -66,7 +73,7 @@ def setup_for(args: argparse.Namespace, size: int) -> Setup:
     # move whole chunks whatever the segment, so one segment per buffer keeps the trace short.
     pieces = size if args.collective == "broadcast" else 1
     segment = args.segment_bytes or -(-max(args.count, 1) // pieces) * DTYPE.itemsize
-    return Setup(args.collective, size, args.count, root, args.op or "sum", segment)
+    return Setup(args.collective, size, args.count, root, args.op or "sum", segment, node_size)
 
 
 def main(argv: list[str] | None = None) -> None:

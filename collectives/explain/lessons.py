@@ -28,6 +28,7 @@ class Setup:
     root: int = 0
     op: str = "sum"
     segment_bytes: int = DTYPE.itemsize
+    node_size: int = 0  # hierarchical: ranks per node (nodes of consecutive ranks)
 
     @property
     def block(self) -> int:
@@ -238,6 +239,32 @@ def _scan_sends(setup: Setup) -> tuple[list[float], str]:
             "S in each step k where r + 2^k < N: ceil(log2(N - r)) S from rank r")
 
 
+def _shards(setup: Setup) -> list[tuple[int, int]]:
+    """The hierarchical all-reduce's shards: the buffer cut in one per rank of a node."""
+    return chunk_bounds(setup.count, setup.node_size)
+
+
+def _hierarchical_sends(setup: Setup) -> tuple[list[float], str]:
+    """Inside its node, a ring reduce-scatter and all-gather of the shards: every shard but
+    one each (hierarchical.py); across nodes, the ring all-reduce of its shard."""
+    k, nodes = setup.node_size, setup.size // setup.node_size
+    shards = _shards(setup)
+    sent = []
+    for rank in range(setup.size):
+        node, local = divmod(rank, k)
+        inside = 2 * setup.count - _length(shards[local]) - _length(shards[(local + 1) % k])
+        chunks = chunk_bounds(_length(shards[local]), nodes)
+        across = 2 * _length(shards[local]) - _length(chunks[(node + 1) % nodes]) \
+            - _length(chunks[(node + 2) % nodes])
+        sent.append(float((inside + across) * DTYPE.itemsize))
+    return sent, ("2(k-1)/k S inside its node, 2(M-1)/M S/k across nodes, "
+                  "with k ranks on each of M nodes")
+
+
+def _length(bounds: tuple[int, int]) -> int:
+    return bounds[1] - bounds[0]
+
+
 def _sendrecv_start(rank: int, setup: Setup) -> numpy.ndarray:
     """The buffer sent, then the one received (on one rank, which copies: shown done)."""
     out = numpy.full(2 * setup.count, EMPTY)
@@ -325,5 +352,11 @@ LESSONS: dict[str, Lesson] = {
         title="reduce to the root, then broadcast (naive)", piece="buffer", grid=_whole,
         run=_naive("reduce_broadcast"), target=_all_reduce_target,
         sends=_reduce_broadcast_sends, reduces=True, average_phase="reduce"),
+    "hierarchical": Lesson(
+        title="hierarchical all-reduce: reduce-scatter in each node, all-reduce across nodes, "
+              "all-gather in each node", piece="shard", grid=_shards,
+        run=lambda comm, buf, s: comm.all_reduce(buf, buf, op=s.op, algorithm="hierarchical"),
+        target=_all_reduce_target, sends=_hierarchical_sends, reduces=True,
+        average_phase="across all-gather", averaged=lambda r, s: _shards(s)[r % s.node_size]),
 }
 ALL_REDUCES = ("all_reduce", "naive_ring", "reduce_broadcast")

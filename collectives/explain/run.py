@@ -43,7 +43,8 @@ def on_threads(setup: Setup, names: tuple[str, ...]) -> list[dict]:
     """Run the lessons on `setup.size` thread ranks; every rank's records and results."""
     per_rank = collectives.spawn(run_rank, setup.size, setup, names,
                                  segment_bytes=setup.segment_bytes,
-                                 one_shot_bytes=0)  # the ring, however small the buffer
+                                 one_shot_bytes=0,  # the ring, however small the buffer
+                                 node_size=setup.node_size or None)
     return json.loads(json.dumps(per_rank))  # the same form as from real ranks
 
 
@@ -59,7 +60,8 @@ def on_real_ranks(setup: Setup, transport: str,
     """Run the lessons on the ranks of this MPI job; every rank gets every rank's records and
     results. Also returns the name of the transport that ran them."""
     with collectives.init(transport, segment_bytes=setup.segment_bytes,
-                          one_shot_bytes=0) as comm:  # the ring, however small the buffer
+                          one_shot_bytes=0,  # the ring, however small the buffer
+                          node_size=setup.node_size or None) as comm:
         return gather_json(comm, run_rank(comm, setup, names)), comm.transport
 
 
@@ -73,6 +75,7 @@ class Run:
     states: list[list[numpy.ndarray]]  # every rank's buffer at the start and after each step
     divides: list[list[Divide]]  # what ranks divide after each step (op "avg")
     sent: list[int]  # bytes each rank sent, from the trace
+    across: list[int]  # of which between nodes (the hierarchical transport's across part)
     header_bytes: list[int]  # of which scatter's shape headers
     replay_matches: bool
     reference_matches: bool
@@ -124,6 +127,7 @@ def digest(setup: Setup, name: str, per_rank: list[dict]) -> Run:
     lesson, setup = LESSONS[name], replace(setup, collective=name)
     records = [p[name]["records"] for p in per_rank]
     sent = [sum(r["bytes"] for r in mine) for mine in records]
+    across = [sum(r["bytes"] for r in mine if r.get("part") == "across") for mine in records]
     if name == "scatter":
         records = [drop_scatter_headers(mine) for mine in records]
     header_bytes = [s - sum(r["bytes"] for r in mine) for s, mine in zip(sent, records)]
@@ -136,5 +140,5 @@ def digest(setup: Setup, name: str, per_rank: list[dict]) -> Run:
         kept = ~numpy.isnan(target)
         replay_ok &= numpy.array_equal(states[-1][rank][kept], result)
         reference_ok &= numpy.array_equal(target[kept], result)
-    return Run(setup, lesson, frames, states, divides, sent, header_bytes, bool(replay_ok),
-               bool(reference_ok))
+    return Run(setup, lesson, frames, states, divides, sent, across, header_bytes,
+               bool(replay_ok), bool(reference_ok))

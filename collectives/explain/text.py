@@ -58,6 +58,8 @@ def narrate(run: Run, transport: str) -> list[str]:
         head += f", op {s.op}"
     if lesson.rooted:
         head += f", root {s.root}"
+    if s.node_size:
+        head += f", {s.size // s.node_size} nodes of {s.node_size} ranks"
     lines = [head + f", {transport} transport"]
     grid = lesson.grid(s)
     if lesson.piece == "buffer":
@@ -94,6 +96,18 @@ def narrate(run: Run, transport: str) -> list[str]:
         moved = run.sent[rank] - run.header_bytes[rank]
         at = "as expected" if moved == bounds[rank] else f"expected {bounds[rank]:g} B"
         lines.append(f"  rank {rank}: {_size(moved, s.nbytes)}{note}  ({at})")
+    if s.node_size:
+        k, nodes = s.node_size, s.size // s.node_size
+        # 2(M-1) chunks of a shard cut in M, the shard a k-th of S: in whole elements.
+        shard = -(-s.count // k)
+        bound = 2 * (nodes - 1) * -(-shard // nodes) * DTYPE.itemsize
+        flat = 2 * (s.size - 1) * s.nbytes / s.size
+        lines += ["", f"of which between nodes (at most 2(M-1)/M S/k, in whole elements "
+                      f"{bound} B; a flat ring's busiest rank sends 2(N-1)/N S = {flat:g} B "
+                      f"across)"]
+        lines += [f"  rank {rank}: {_size(b, s.nbytes)}  "
+                  f"({'within the bound' if b <= bound else 'OVER THE BOUND'})"
+                  for rank, b in enumerate(run.across)]
     if lesson.piece == "chunk" and any(m != b for m, b in
                                        zip(numpy.subtract(run.sent, run.header_bytes), bounds)):
         lines.append(f"  chunks differ in size, so ranks differ; together they send "

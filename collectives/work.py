@@ -1,0 +1,143 @@
+"""Non-blocking calls: a `Work` for each, run in order on one progress thread per communicator.
+
+`comm.all_reduce(x, async_op=True)` returns a `Work` at once, as torch.distributed's
+`async_op=True` returns a `Work` and mpi4py's `Iallreduce` a `Request`; `work.wait()` returns
+what the blocking call would have returned, or raises what it raised.
+
+Why one thread, and in order. Every rank must make the same calls in the same order (that is
+what a collective is), and the transports move one call's messages at a time. A queue that a
+single thread empties keeps both: calls run exactly in the order they were made, whichever
+order they are waited on in. A blocking call made while calls are outstanding takes its place
+in the same queue and waits for its turn, so it cannot overtake them either. The thread starts
+with the first non-blocking call, so a program that never makes one never has it.
+
+Buffers belong to the call until its `wait` returns (as in MPI): change or read them before,
+and the result is undefined.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any, Callable
+
+from transports.errors import CollectiveTimeoutError
+
+
+class Work:
+    """A call that runs in the background; `wait()` for its result."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what  # the call, for messages: "all_reduce (call 3 made async)"
+        self.started: float | None = None  # time.perf_counter() when it began to run
+        self.finished: float | None = None  # ... and when it ended
+        self._done = threading.Event()
+        self._result: Any = None
+        self._error: BaseException | None = None
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Return the call's result once it has run, or raise its error. `timeout`: seconds
+        to wait at most before raising `CollectiveTimeoutError` (the call goes on)."""
+        if not self._done.wait(timeout):
+            raise CollectiveTimeoutError(f"{self.what} did not complete within {timeout:g} s")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def is_completed(self) -> bool:
+        """Whether the call has run (successfully or not); never blocks."""
+        return self._done.is_set()
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """Wait for the call as `wait` does; return the error it raised, or None if it
+        succeeded (as concurrent.futures' `Future.exception`)."""
+        if not self._done.wait(timeout):
+            raise CollectiveTimeoutError(f"{self.what} did not complete within {timeout:g} s")
+        return self._error
+
+    @property
+    def seconds(self) -> float:
+        """How long the call ran (0 until it has)."""
+        if self.started is None or self.finished is None:
+            return 0.0
+        return self.finished - self.started
+
+    def _run(self, call: Callable[[], Any]) -> None:
+        """Run `call` and keep its outcome; `_finish` then wakes the waiters."""
+        self.started = time.perf_counter()
+        try:
+            self._result = call()
+        except BaseException as error:  # noqa: BLE001 - raised again by `wait`
+            error.add_note(f"raised by {self.what}")
+            self._error = error
+        self.finished = time.perf_counter()
+
+    def _finish(self) -> None:
+        self._done.set()
+
+    def __repr__(self) -> str:
+        state = "failed" if self._error else "completed" if self.is_completed() else "pending"
+        return f"<Work {self.what}: {state}>"
+
+
+class Progress:
+    """The progress thread of one communicator: runs submitted calls one at a time, in order."""
+
+    def __init__(self, name: str, prepare: Callable[[], None] | None = None) -> None:
+        self._name = name
+        self._prepare = prepare  # run first on the thread (e.g. CUDA's current device)
+        self._calls: queue.SimpleQueue[tuple[Work, Callable[[], Any]] | None] = \
+            queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        # Calls submitted and not yet run: while there are any, a new call queues behind them.
+        self.outstanding = 0
+
+    def on_thread(self) -> bool:
+        """Whether the caller is the progress thread itself (a call from a submitted function
+        runs at once: it is already in its turn)."""
+        return threading.current_thread() is self._thread
+
+    def submit(self, what: str, call: Callable[[], Any]) -> Work:
+        """Queue `call` behind every call submitted before it; a `Work` for its outcome."""
+        work = Work(what)
+        with self._lock:
+            self.outstanding += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name=self._name,
+                                                daemon=True)
+                self._thread.start()
+        self._calls.put((work, call))
+        return work
+
+    def close(self) -> None:
+        """Run what is queued, then stop the thread. Safe to call twice."""
+        thread = self._thread
+        if thread is None:
+            return
+        self._calls.put(None)
+        thread.join()  # still `_thread` meanwhile: the queued calls must know they are on it
+        with self._lock:
+            self._thread = None
+
+    def _serve(self) -> None:
+        failed: BaseException | None = None
+        if self._prepare is not None:
+            try:
+                self._prepare()
+            except BaseException as error:  # noqa: BLE001 - every call then raises it
+                failed = error
+        while (item := self._calls.get()) is not None:
+            work, call = item
+            work._run(call if failed is None else _raiser(failed))
+            with self._lock:  # before waking the waiter, whose next call may then run inline
+                self.outstanding -= 1
+            work._finish()
+            del item, work, call  # the call's buffers are the caller's again: hold none
+
+
+def _raiser(error: BaseException) -> Callable[[], Any]:
+    def call() -> Any:
+        raise error
+    return call

@@ -1,0 +1,203 @@
+"""Non-blocking calls (`async_op=True`, collectives/work.py) and the timeline (timeline.py).
+
+Calls run in the order they were made whatever order they are waited on in, blocking calls
+queue behind outstanding ones, errors surface at `wait()` on every rank, and `close` waits for
+what is queued. The bodies that need real ranks run through the `run` fixture, on thread ranks
+and on every pool transport.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import threading
+
+import numpy
+import pytest
+
+import collectives
+from cases import assert_matches, reduce_reference, values
+from launch import mpiexec
+
+SIZE = 3
+
+
+@pytest.mark.parametrize("dtype", ["float64", "int32"])
+def test_outstanding_calls_of_every_collective_waited_out_of_order_are_right(run, dtype):
+    count = 5
+    for order in range(2):
+        results = run("async_case", SIZE, "auto", count=count, dtype=dtype, order=order)
+        mine = [values(r, count, dtype) for r in range(SIZE)]
+        blocks = [values(r, SIZE * count, dtype).reshape(SIZE, count) for r in range(SIZE)]
+        for rank, outcome in enumerate(results):
+            assert outcome["completed"]
+            got = outcome["result"]
+            assert_matches(got["all_reduce"], reduce_reference("sum", mine), dtype)
+            assert_matches(got["queued"], reduce_reference("max", mine), dtype)
+            assert_matches(got["all_gather"], numpy.stack(mine), dtype)
+            assert_matches(got["broadcast"], mine[SIZE - 1], dtype)
+            assert_matches(got["scatter"], blocks[0][rank], dtype)
+            assert_matches(got["reduce_scatter"],
+                           reduce_reference("sum", [b[rank] for b in blocks]), dtype)
+            if rank == 0:
+                assert_matches(got["gather"], numpy.stack(mine), dtype)
+            else:
+                assert got["gather"] is None
+            if rank == SIZE - 1:
+                assert_matches(got["reduce"], reduce_reference("sum", mine), dtype)
+            else:
+                assert got["reduce"] is None
+            assert_matches(got["all_to_all"], numpy.stack([b[rank] for b in blocks]), dtype)
+            assert_matches(got["scan"], reduce_reference("sum", mine[:rank + 1]), dtype)
+            assert_matches(got["sendrecv"], mine[(rank - 1) % SIZE], dtype)
+            assert got["barrier"] is None
+
+
+def test_a_mismatch_inside_an_async_call_raises_at_wait_on_every_rank(run):
+    for rank, outcome in enumerate(run("async_mismatch_case", SIZE, "auto")):
+        said = outcome["result"]
+        assert said is not None and said.startswith(f"MismatchError: rank {rank}: ranks "
+                                                    f"disagree"), said
+        assert "all_reduce" in said
+        numpy.testing.assert_array_equal(outcome["after"], [[0], [1], [2]])
+
+
+def test_a_timeout_inside_an_async_call_raises_at_wait_and_breaks_the_communicator():
+    def body(comm):
+        if comm.rank == 0:
+            return None  # never joins: rank 1's all-reduce times out
+        work = comm.all_reduce(numpy.ones(3), async_op=True)
+        with pytest.raises(collectives.CollectiveTimeoutError, match="all_reduce") as raised:
+            work.wait()
+        assert "raised by all_reduce (async call)" in raised.value.__notes__
+        assert isinstance(work.exception(), collectives.CollectiveTimeoutError)
+        with pytest.raises(collectives.CollectiveError, match="cannot be used"):
+            comm.all_gather(numpy.ones(1), async_op=True).wait()
+        with pytest.raises(collectives.CollectiveError, match="cannot be used"):
+            comm.barrier()
+        return "raised"
+
+    assert collectives.spawn(body, 2, timeout=0.5) == [None, "raised"]
+
+
+def test_close_waits_for_outstanding_calls():
+    """Rank 0 closes with its calls still queued (the others come later), and its queued calls
+    still run on the progress thread while `close` waits for them."""
+    others = threading.Event()
+
+    def body(comm):
+        if comm.rank == 0:
+            threading.Timer(0.2, others.set).start()
+        else:
+            others.wait(30)
+        return [comm.all_reduce(values(comm.rank, 4, "float64"), async_op=True)
+                for _ in range(4)]  # never waited on: the communicator closes with them queued
+
+    want = reduce_reference("sum", [values(r, 4, "float64") for r in range(SIZE)])
+    for works in collectives.spawn(body, SIZE):
+        for work in works:
+            assert work.is_completed()
+            assert_matches(work.wait(), want, "float64")
+
+
+def test_wait_with_a_timeout_leaves_the_call_running_and_is_completed_never_blocks():
+    late = threading.Event()
+
+    def body(comm):
+        if comm.rank == 1:
+            late.wait(30)  # until rank 0 has seen its call still running
+        work = comm.all_reduce(numpy.full(2, comm.rank + 1.0), async_op=True)
+        if comm.rank == 0:
+            assert not work.is_completed()
+            with pytest.raises(collectives.CollectiveTimeoutError, match="within 0.05 s"):
+                work.wait(timeout=0.05)
+            late.set()
+        return work.wait().tolist()
+
+    assert collectives.spawn(body, 2) == [[3.0, 3.0], [3.0, 3.0]]
+
+
+def test_submitted_functions_run_in_turn_and_their_calls_run_at_once():
+    def body(comm):
+        x = numpy.arange(3.0) + comm.rank
+        first = comm.all_reduce(x, async_op=True)
+        doubled = comm.submit(lambda: comm.all_reduce(x, op="max") * 2)
+        last = comm.broadcast(numpy.full(2, comm.rank), root=1, async_op=True)
+        return first.wait().tolist(), doubled.wait().tolist(), last.wait().tolist()
+
+    for result in collectives.spawn(body, 2):
+        assert result == ([1.0, 3.0, 5.0], [2.0, 4.0, 6.0], [1, 1])
+
+
+def test_every_collective_says_async_op_in_its_signature():
+    for name in ("all_reduce", "all_gather", "broadcast", "scatter", "reduce_scatter", "gather",
+                 "reduce", "all_to_all", "scan", "barrier", "send", "recv", "sendrecv"):
+        parameter = inspect.signature(getattr(collectives.Communicator, name)).parameters
+        assert parameter["async_op"].default is False, name
+
+
+# ---- the timeline --------------------------------------------------------------------------
+
+def check_timeline(path, ranks: int, rows: set[str]) -> dict:
+    """The trace-event schema, every rank named, `rows` among each rank's rows, and within
+    each rank's row events in order and never overlapping. Returns the events by row name."""
+    trace = json.loads(path.read_text())
+    events = trace["traceEvents"]
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+             if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {e["args"]["name"] for e in events if e["name"] == "process_name"} == \
+        {f"rank {r}" for r in range(ranks)}
+    by_row: dict[tuple[int, str], list[dict]] = {}
+    for e in events:
+        if e["ph"] == "M":
+            continue
+        assert e["ph"] == "X" and set(e) == {"name", "ph", "pid", "tid", "ts", "dur", "args"}
+        assert 0 <= e["pid"] < ranks and e["ts"] >= 0 and e["dur"] >= 0
+        by_row.setdefault((e["pid"], names[(e["pid"], e["tid"])]), []).append(e)
+    for rank in range(ranks):
+        assert rows <= {row for pid, row in by_row if pid == rank}, (rank, list(by_row))
+    for row in by_row.values():
+        for before, after in zip(row, row[1:]):
+            assert before["ts"] <= after["ts"], "events out of order"
+            assert before["ts"] + before["dur"] <= after["ts"] + 1e-6, (before, after)
+    return {key: [e["name"] for e in row] for key, row in by_row.items()}
+
+
+def test_a_traced_communicator_writes_a_timeline_of_calls_steps_and_spans(tmp_path):
+    path = tmp_path / "timeline.json"
+
+    def body(comm):
+        started = [comm.all_reduce(numpy.ones(300), async_op=True) for _ in range(3)]
+        with comm.span("compute"):
+            comm.all_gather(numpy.ones(2))
+        for work in started:
+            work.wait()
+        comm.write_timeline(str(path))
+
+    collectives.spawn(body, 2, segment_bytes=512, one_shot_bytes=0, trace=True)
+    rows = check_timeline(path, 2, {"spans", "calls", "reduce-scatter", "all-gather"})
+    assert rows[(0, "calls")][:4] == ["all_reduce #1", "all_reduce #2", "all_reduce #3",
+                                      "all_gather #4"]
+    assert rows[(1, "spans")] == ["compute"]
+    assert rows[(0, "reduce-scatter")][0] == "reduce-scatter step 0"
+
+
+def test_without_tracing_there_is_no_timeline_to_write(tmp_path):
+    def body(comm):
+        with pytest.raises(collectives.InvalidArgumentError, match="nothing traced"):
+            comm.write_timeline(str(tmp_path / "never.json"))
+
+    collectives.spawn(body, 2)
+    assert not (tmp_path / "never.json").exists()
+
+
+def test_the_trainer_writes_a_timeline_of_its_first_steps(tmp_path):
+    """Small buckets: several all-reduces a step, started while backward goes on."""
+    mpiexec(2, "-m", "trainer", "--epochs", "1", "--steps", "8", "--bucket-mb", "0.02",
+            "--transport", "shm", "--timeline", str(tmp_path), timeout=120)
+    rows = check_timeline(tmp_path / "timeline.json", 2, {"spans", "calls"})
+    for rank in range(2):
+        spans = rows[(rank, "spans")]
+        assert spans[:3] == ["forward", "backward", "optimizer"]
+        assert spans.count("backward") == 5  # TIMELINE_STEPS steps traced
+        assert sum(name.startswith("all_reduce") for name in rows[(rank, "calls")]) > 5
