@@ -43,7 +43,8 @@ def check_buffers(xp: ModuleType, transport: str, buf: Any, *optional: Any) -> N
 
 def check_writeable(buf: Any, name: str) -> None:
     """`buf` is an array that may be written into."""
-    array_module_of(buf)
+    if type(buf) is not numpy.ndarray:  # NumPy's, quickly; else one of CuPy's, or an error
+        array_module_of(buf)
     if not getattr(buf.flags, "writeable", True):
         raise InvalidArgumentError(f"{name} is read-only")
 
@@ -52,7 +53,7 @@ def output(buf: Any | None, shape: tuple[int, ...], dtype: Any, xp: ModuleType) 
     """The result array: a new one when `buf` is None, else `buf` once it is known to fit."""
     if buf is None:
         return xp.empty(shape, dtype)
-    if tuple(buf.shape) != tuple(shape) or buf.dtype != dtype:
+    if buf.shape != tuple(shape) or buf.dtype != dtype:
         raise InvalidArgumentError(f"recvbuf must have shape {tuple(shape)} and dtype "
                                    f"{xp.dtype(dtype)}; got shape {tuple(buf.shape)} and "
                                    f"dtype {buf.dtype}")
