@@ -28,15 +28,24 @@ def is_tensor(obj: Any) -> bool:
     return type(obj).__module__.startswith("torch") and hasattr(obj, "numpy")
 
 
-def tensor_memory(tensor: Any) -> numpy.ndarray:
-    """A CPU torch tensor's memory as a NumPy array, no copy: so every collective takes tensors,
-    and writes its results into them in place. InvalidTypeError where that cannot be."""
+def tensor_memory(tensor: Any) -> Any:
+    """A torch tensor's memory, no copy: a NumPy array for a CPU tensor, a CuPy array (through
+    DLPack) for a CUDA one; so every collective takes tensors, and writes its results into
+    them in place. InvalidTypeError where that cannot be."""
     if getattr(tensor, "requires_grad", False):
         raise InvalidTypeError("a tensor that requires grad cannot be a collective's buffer: "
                                "pass tensor.detach(), as torch.distributed does")
+    if tensor.device.type == "cuda":
+        try:
+            import cupy
+        except ImportError:
+            raise InvalidTypeError(f"a tensor on {tensor.device} needs CuPy, which is not "
+                                   f"installed here") from None
+        # DLPack: CuPy's stream waits for torch's current one, then both see the same memory.
+        return cupy.from_dlpack(tensor)
     if tensor.device.type != "cpu":
-        raise InvalidTypeError(f"collectives take CPU tensors; got one on {tensor.device} "
-                               f"(for the GPU, pass CuPy arrays)")
+        raise InvalidTypeError(f"collectives take CPU and CUDA tensors; got one on "
+                               f"{tensor.device}")
     try:
         return tensor.numpy()
     except TypeError as error:  # a dtype NumPy lacks, such as bfloat16

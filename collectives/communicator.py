@@ -153,7 +153,9 @@ def _as_tensor(result: Any, tensors: dict[int, Any]) -> Any:
     shares its memory (torch is loaded: the caller holds a tensor)."""
     if result is None or id(result) in tensors:
         return tensors.get(id(result))
-    return sys.modules["torch"].from_numpy(result)
+    torch = sys.modules["torch"]
+    return torch.from_numpy(result) if isinstance(result, numpy.ndarray) \
+        else torch.from_dlpack(result)
 
 
 class Communicator:

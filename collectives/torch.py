@@ -45,6 +45,7 @@ import collectives
 
 from transports.errors import CollectiveError, InvalidArgumentError, InvalidTypeError
 
+from .arrays import tensor_memory
 from .communicator import Communicator
 
 BACKEND = "ringcc"
@@ -79,14 +80,17 @@ def run(comm: Communicator, call: Callable[[], Any]) -> torch.futures.Future:
     return future
 
 
-def as_array(tensor: torch.Tensor, call: str) -> numpy.ndarray:
-    """The NumPy array that shares `tensor`'s memory; InvalidTypeError naming `call` if there
-    is none (a device tensor, or a dtype NumPy lacks)."""
+def as_array(tensor: torch.Tensor, call: str) -> Any:
+    """The NumPy array that shares a CPU `tensor`'s memory (a CuPy one, through DLPack, for a
+    CUDA tensor, which a communicator with device "cuda" moves); InvalidTypeError naming
+    `call` if there is none (another device, or a dtype NumPy lacks)."""
     if not isinstance(tensor, torch.Tensor):
         raise InvalidTypeError(f"{call}: expected a torch.Tensor, got {type(tensor).__name__}")
     if not tensor.is_cpu:
-        raise InvalidTypeError(f"{call}: the ringcc backend moves CPU tensors; got one on "
-                               f"{tensor.device}")
+        if tensor.is_cuda:
+            return tensor_memory(tensor.detach() if tensor.requires_grad else tensor)
+        raise InvalidTypeError(f"{call}: the ringcc backend moves CPU and CUDA tensors; got "
+                               f"one on {tensor.device}")
     try:  # (detach only when needed: it costs a new tensor on every call)
         return (tensor.detach() if tensor.requires_grad else tensor).numpy()
     except TypeError as error:  # bfloat16 and the like

@@ -8,6 +8,7 @@ import textwrap
 
 import pytest
 
+from gpu import needs_gpu
 from launch import mpiexec
 
 pytest.importorskip("torch", reason="PyTorch is not installed: pip install 'ringcc[torch]'")
@@ -28,6 +29,16 @@ def test_every_call_matches_gloo(ranks):
 def test_ddp_on_ringcc_and_with_its_hooks_ends_as_ddp_on_gloo():
     job = mpiexec(2, "tests/torch_driver.py", "ddp", str(free_port()), timeout=120)
     assert job.stdout.count("ddp ok") == 2, job.stdout + job.stderr
+
+
+@needs_gpu
+def test_cuda_tensors_through_the_communicator_and_the_backend():
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("this build of torch has no CUDA")
+    job = mpiexec(2, "tests/torch_driver.py", "cuda", str(free_port()), timeout=600)
+    assert job.stdout.count("cuda ok") == 2, job.stdout + job.stderr
 
 
 def test_a_job_ends_cleanly_with_its_progress_threads_idle(tmp_path):
@@ -93,7 +104,8 @@ def test_every_collective_takes_cpu_tensors_and_writes_into_them():
         comm.reduce_scatter(torch.ones(size, 2), part)
         assert part.tolist() == [size] * 2
         for bad, message in ((torch.ones(2, requires_grad=True), "requires grad"),
-                             (torch.ones(2, dtype=torch.bfloat16), "bfloat16")):
+                             (torch.ones(2, dtype=torch.bfloat16), "bfloat16"),
+                             (torch.ones(2, device="meta"), "CPU and CUDA tensors")):
             try:
                 comm.all_reduce(bad)
             except collectives.InvalidTypeError as error:

@@ -174,7 +174,29 @@ def ddp_scenario(gloo: dist.ProcessGroup) -> None:
                 f"{hook or 'the ringcc backend'}: {(got - want).abs().max()}"
 
 
-SCENARIOS = {"calls": calls_scenario, "ddp": ddp_scenario}
+def cuda_scenario(gloo: dist.ProcessGroup) -> None:
+    """CUDA tensors through a communicator on the GPU (cuda_ipc), and through a ringcc process
+    group over it, against Gloo's answers on the same values on the host."""
+    rank = dist.get_rank()
+    with collectives.init(device="cuda") as comm:
+        mine = values(rank, 37).cuda()
+        assert comm.all_reduce(mine, mine) is mine  # in place, in the tensor's memory
+        want = values(rank, 37)
+        dist.all_reduce(want, group=gloo)
+        same(mine.cpu(), want, "comm.all_reduce of a CUDA tensor")
+        blocks = comm.all_gather(values(rank, 5).cuda())
+        assert blocks.is_cuda, blocks.device
+        gathered = [torch.empty(5) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, values(rank, 5), group=gloo)
+        same(blocks.cpu(), torch.stack(gathered), "comm.all_gather of CUDA tensors")
+        ours = values(rank, 11).cuda()
+        dist.all_reduce(ours, group=ringcc_torch.process_group(comm))
+        theirs = values(rank, 11)
+        dist.all_reduce(theirs, group=gloo)
+        same(ours.cpu(), theirs, "dist.all_reduce of a CUDA tensor on the ringcc backend")
+
+
+SCENARIOS = {"calls": calls_scenario, "ddp": ddp_scenario, "cuda": cuda_scenario}
 
 if __name__ == "__main__":
     scenario, port = sys.argv[1], sys.argv[2]
