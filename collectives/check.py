@@ -112,8 +112,14 @@ def agree(transport: Transport) -> None:
     uncounted, so traces and byte counts show only the collective's own traffic.
     """
     transport.at("check")
-    transport.all_inputs(transport.xp.empty(0, transport.xp.uint8), counted=False)
+    check_call(transport)
     transport.at("")  # until the algorithm names its own phase
+
+
+def check_call(transport: Transport) -> None:
+    """`agree` without naming a phase: for a transport that makes the check inside the call's
+    first exchange (`check_first`), where the phase is the algorithm's."""
+    transport.all_inputs(transport.xp.empty(0, transport.xp.uint8), counted=False)
 
 
 def disagreement(calls: list[tuple[int, ...]], rank: int, names: tuple[str, ...]) -> str:
@@ -196,7 +202,20 @@ def pair_agree(transport: Transport, said: dict[int, tuple[int, ...]], dst: int 
                src: int | None) -> None:
     """Give each peer (`dst`, `src`) this rank's description of the messages between them,
     `said[peer]`, and take the peer's; MessagesDiffer on both ends where any differ.
-    Uncounted and untraced: stats and traces show only the messages' data."""
+    Uncounted and untraced: stats and traces show only the messages' data. A transport with
+    lines of its own for the pair (`pair_inputs`, slots.py) takes them, in one publish and
+    one wait; the others, its exchange."""
+    exchange = getattr(transport, "pair_inputs", None)
+    heard = exchange(said) if exchange is not None else _pair_exchange(transport, said, dst, src)
+    if all(heard[peer] == mirrored(said[peer]) for peer in heard):
+        return
+    problems = [_pair_problem(transport.rank, peer, said[peer], heard[peer]) for peer in heard]
+    raise MessagesDiffer(f"rank {transport.rank}: " + "; and ".join(p for p in problems if p))
+
+
+def _pair_exchange(transport: Transport, said: dict[int, tuple[int, ...]], dst: int | None,
+                   src: int | None) -> dict[int, tuple[int, ...]]:
+    """`said[peer]` to each peer, by the transport's exchange, and each peer's six back."""
     xp = transport.xp
     order = [(dst, src), (src, dst)] if dst != src and None not in (dst, src) else \
         [(dst, dst) if dst is not None else (src, src)]
@@ -214,10 +233,7 @@ def pair_agree(transport: Transport, said: dict[int, tuple[int, ...]], dst: int 
         vars(transport.stats).update(stats)
         transport.trace, transport.on_transfer = hooks
     transport.at("")
-    if all(heard[peer] == mirrored(said[peer]) for peer in heard):
-        return
-    problems = [_pair_problem(transport.rank, peer, said[peer], heard[peer]) for peer in heard]
-    raise MessagesDiffer(f"rank {transport.rank}: " + "; and ".join(p for p in problems if p))
+    return heard
 
 
 def _pair_problem(rank: int, peer: int, mine: tuple[int, ...], theirs: tuple[int, ...]) -> str:

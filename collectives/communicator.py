@@ -4,20 +4,14 @@ It checks arguments, turns user arrays (any shape, any layout) into the flat con
 buffers the algorithms work on, and copies results back where they belong. The algorithms
 themselves live one per module and see only the transport.
 
-How calls fail. A bad argument raises before this rank sends anything. Before the data of a
-call moves, the ranks check that they all made the same call (check.py); if not, every rank
-raises `MismatchError`. After either, the communicator is as good as before. Any other failure
-inside a collective (a timeout, a dead peer, an interrupt) may leave messages in flight, which
-a later call could take for its own, so the communicator then refuses every later call.
+What every call goes through, its turn on the progress thread, torch tensors, the timeline
+and how calls fail, is calls.py's `collective`, the decorator of every method here.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
 import math
 import os
-import sys
 import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
@@ -25,17 +19,17 @@ from typing import Any, Callable, Iterator
 import numpy
 
 from transports.base import Stats, Transport
-from transports.errors import (CallsDiffer, CollectiveError, InvalidArgumentError,
-                               InvalidTypeError, MismatchError)
+from transports.errors import CollectiveError, InvalidArgumentError, InvalidTypeError
 
 from .all_gather import ring_all_gather
 from .all_reduce import auto_algorithm, one_shot_all_reduce, ring_all_reduce
 from .all_to_all import pairwise_all_to_all
 from .arguments import check_buffers, check_root, check_writeable, output
-from .arrays import flat_work, is_tensor, same_memory, tensor_memory
+from .arrays import flat_work, same_memory
 from .blocks import check_counts, exchanged, gathered, split
 from .broadcast import ring_broadcast
-from .check import MessagesDiffer, agree, descriptor, disagreement, pair_agree
+from .calls import collective, current_device
+from .check import MessagesDiffer, agree, check_call, descriptor, disagreement, pair_agree
 from .gather import gather_to_root
 from .hierarchical import hierarchical_all_reduce
 from .naive import naive_ring_all_reduce, reduce_broadcast_all_reduce
@@ -45,7 +39,7 @@ from .reduce import reduce_to_root
 from .reduce_scatter import ring_reduce_scatter
 from .scan import recursive_doubling_scan
 from .scatter import scatter_from_root
-from .timeline import Trace, record_call, record_span, write_timeline
+from .timeline import Trace, record_span, write_timeline
 from .work import Progress, Work
 
 # The ways `all_reduce` can run besides "auto" (which picks one-shot or the ring by size, or
@@ -61,101 +55,6 @@ CALLS = ("all_reduce", "all_gather", "broadcast", "scatter", "reduce_scatter", "
          "gather", "reduce", "all_to_all", "scan", "scan/exclusive",
          *(f"all_reduce/{name}" for name in ALL_REDUCE_ALGORITHMS))
 _CALL_CODES = {name: code for code, name in enumerate(CALLS)}
-
-
-def _collective(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Make `method` a collective call: in its turn, timed when tracing, and breaking the
-    communicator when it fails once messages may be in flight.
-
-    async_op=True queues the call on the progress thread and returns a `Work` (work.py); a
-    blocking call made while others are queued queues behind them and waits. Bad arguments
-    (ValueError, TypeError) are raised before anything is sent, or after what was sent has
-    been drained (scatter), so they leave the communicator usable; so do the mismatches that
-    the checks find before data moves (CallsDiffer, MessagesDiffer).
-    """
-    name = method.__name__
-
-    @functools.wraps(method)
-    def call(self: Communicator, *args: Any, async_op: bool = False, **kwargs: Any) -> Any:
-        if async_op or (self._progress.outstanding and not self._progress.on_thread()):
-            # On the progress thread, in its turn, this same wrapper runs the call.
-            work = self._progress.submit(f"{name} ({'async' if async_op else 'queued'} call)",
-                                         lambda: call(self, *args, **kwargs))
-            return work if async_op else work.wait()
-        self._in_flight = False  # until `_begin` starts the exchanges
-        tensors: dict[int, Any] = {}  # id of the NumPy view -> the caller's torch tensor
-        if _holds_tensor(args, kwargs):
-            args, kwargs = _tensors_as_arrays(args, kwargs, tensors)
-        trace = self._transport.trace
-        start = time.perf_counter() if trace is not None else 0.0
-        try:
-            result = method(self, *args, **kwargs)
-            return result if not tensors else _as_tensor(result, tensors)
-        except CallsDiffer as differ:  # every rank raises it, and every message has landed
-            self._in_flight = False
-            raise MismatchError(disagreement(differ.calls, self.rank, CALLS)) from None
-        except MessagesDiffer as differ:  # both ends raise it, having taken every message
-            self._in_flight = False
-            raise MismatchError(str(differ)) from None
-        except BaseException as error:
-            if self._in_flight and not isinstance(error, (ValueError, TypeError)):
-                self._broken = f"{self._transport.where} failed ({type(error).__name__}: {error})"
-            raise
-        finally:
-            if trace is not None:  # named by its number once `_begin` gave it one
-                where = self._transport.where
-                record_call(trace, where if where.startswith(name) else name, start,
-                            time.perf_counter())
-
-    signature = inspect.signature(method)
-    call.__signature__ = signature.replace(  # type: ignore[attr-defined]
-        parameters=[*signature.parameters.values(),
-                    inspect.Parameter("async_op", inspect.Parameter.KEYWORD_ONLY,
-                                      default=False, annotation="bool")],
-        return_annotation=f"{signature.return_annotation} | Work")
-    return call
-
-
-def _current_device(xp: Any) -> Callable[[], None] | None:
-    """What makes the progress thread use this thread's GPU: CUDA's current device is per
-    thread (None for NumPy)."""
-    if xp is numpy:
-        return None
-    device = xp.cuda.Device()
-    return device.use
-
-
-def _holds_tensor(args: tuple, kwargs: dict) -> bool:
-    """Whether any argument comes from torch: a plain loop, since every call, small ones too,
-    asks (a generator over `is_tensor` costs twice as much)."""
-    for value in args:
-        if type(value).__module__[:5] == "torch":
-            return True
-    for value in kwargs.values():
-        if type(value).__module__[:5] == "torch":
-            return True
-    return False
-
-
-def _tensors_as_arrays(args: tuple, kwargs: dict, tensors: dict[int, Any]) -> tuple[tuple, dict]:
-    """The call's torch tensors replaced by NumPy views of their memory (`tensor_memory`)."""
-    def view(value: Any) -> Any:
-        if not is_tensor(value):
-            return value
-        array = tensor_memory(value)
-        tensors[id(array)] = value
-        return array
-    return tuple(view(a) for a in args), {k: view(v) for k, v in kwargs.items()}
-
-
-def _as_tensor(result: Any, tensors: dict[int, Any]) -> Any:
-    """The caller's tensor where the collective returns its view; a new result as a tensor that
-    shares its memory (torch is loaded: the caller holds a tensor)."""
-    if result is None or id(result) in tensors:
-        return tensors.get(id(result))
-    torch = sys.modules["torch"]
-    return torch.from_numpy(result) if isinstance(result, numpy.ndarray) \
-        else torch.from_dlpack(result)
 
 
 class Communicator:
@@ -183,7 +82,7 @@ class Communicator:
         self._descriptors: dict[tuple, tuple[int, ...]] = {}  # a call's descriptor but its seq
         self._messages = Messages(transport.rank, transport.size)  # point to point, numbered
         self._progress = Progress(f"ringcc-progress-rank-{transport.rank}",
-                                  _current_device(transport.xp))
+                                  current_device(transport.xp))
         if trace:
             transport.trace = Trace()
 
@@ -297,7 +196,7 @@ class Communicator:
 
     # ---- the collectives -----------------------------------------------------------------
 
-    @_collective
+    @collective
     def all_reduce(self, sendbuf: Any, recvbuf: Any | None = None, op: str = "sum",
                    algorithm: str = "auto") -> Any:
         """Reduce `sendbuf` over all ranks with `op`; every rank gets the same result.
@@ -335,7 +234,7 @@ class Communicator:
             recvbuf[...] = work.reshape(recvbuf.shape)
         return recvbuf
 
-    @_collective
+    @collective
     def all_gather(self, sendbuf: Any, recvbuf: Any | None = None,
                    counts: Any | None = None) -> Any:
         """Gather every rank's `sendbuf` on every rank: shape (size, *sendbuf.shape), rank order.
@@ -356,7 +255,7 @@ class Communicator:
             recvbuf[...] = work.reshape(recvbuf.shape)
         return recvbuf
 
-    @_collective
+    @collective
     def gather(self, sendbuf: Any, recvbuf: Any | None = None, root: int = 0,
                counts: Any | None = None) -> Any | None:
         """Gather every rank's `sendbuf` at `root`: shape (size, *sendbuf.shape), block r from
@@ -378,14 +277,19 @@ class Communicator:
             work, copied = flat_work(recvbuf, xp)
             if same_memory(mine, work[slice(*bounds[root])], xp):
                 mine = None  # in place: the root's block is already where it belongs
+        first = self._first_exchange()
         self._begin("gather", bounds[-1][1] if counts else sendbuf.size, sendbuf.dtype,
-                    root=root, counts=counts)
+                    root=root, folded=first is not None, counts=counts)
+        if first is not None:
+            first(lambda: check_call(self._transport))
         gather_to_root(self._transport, mine, work, bounds, root)
+        if first is not None:
+            self._transport.checked()
         if copied:
             recvbuf[...] = work.reshape(recvbuf.shape)
         return recvbuf
 
-    @_collective
+    @collective
     def reduce(self, sendbuf: Any, recvbuf: Any | None = None, op: str = "sum",
                root: int = 0) -> Any | None:
         """Reduce `sendbuf` over all ranks with `op` into `recvbuf` (allocated when None) at
@@ -412,7 +316,7 @@ class Communicator:
             recvbuf[...] = work.reshape(recvbuf.shape)
         return recvbuf
 
-    @_collective
+    @collective
     def broadcast(self, buf: Any, root: int = 0) -> Any:
         """Copy the root's `buf` into `buf` on every rank (in place); returns `buf`."""
         xp = self._transport.xp
@@ -426,7 +330,7 @@ class Communicator:
             buf[...] = work.reshape(buf.shape)
         return buf
 
-    @_collective
+    @collective
     def scatter(self, sendbuf: Any | None = None, recvbuf: Any | None = None,
                 root: int = 0, counts: Any | None = None) -> Any:
         """Send block r of the root's `sendbuf` (shape (size, *block)) to rank r.
@@ -470,7 +374,7 @@ class Communicator:
             recvbuf[...] = copy_back.reshape(recvbuf.shape)
         return recvbuf
 
-    @_collective
+    @collective
     def reduce_scatter(self, sendbuf: Any, recvbuf: Any | None = None, op: str = "sum",
                        counts: Any | None = None) -> Any:
         """Reduce `sendbuf` (shape (size, *block)) over ranks; rank r gets block r.
@@ -492,7 +396,7 @@ class Communicator:
         recvbuf[...] = block.reshape(recvbuf.shape)
         return recvbuf
 
-    @_collective
+    @collective
     def all_to_all(self, sendbuf: Any, recvbuf: Any | None = None,
                    counts: Any | None = None) -> Any:
         """Send block j of `sendbuf` (shape (size, *block)) to rank j; block i of the result
@@ -512,13 +416,18 @@ class Communicator:
         mine = flat_work(sendbuf, xp)[0]
         if xp.may_share_memory(mine, work):
             mine = mine.copy()  # in place: blocks land where others are yet to leave
-        self._begin("all_to_all", total, sendbuf.dtype, counts=counts)
+        first = self._first_exchange()
+        self._begin("all_to_all", total, sendbuf.dtype, folded=first is not None, counts=counts)
+        if first is not None:
+            first(lambda: check_call(self._transport))
         pairwise_all_to_all(self._transport, mine, work, send_bounds, recv_bounds)
+        if first is not None:
+            self._transport.checked()
         if copied:
             recvbuf[...] = work.reshape(recvbuf.shape)
         return recvbuf
 
-    @_collective
+    @collective
     def scan(self, sendbuf: Any, recvbuf: Any | None = None, op: str = "sum",
              exclusive: bool = False) -> Any:
         """Rank r gets `op` over the `sendbuf`s of ranks 0..r (MPI_Scan), or with `exclusive`
@@ -546,7 +455,7 @@ class Communicator:
             recvbuf[...] = work.reshape(recvbuf.shape)
         return recvbuf
 
-    @_collective
+    @collective
     def barrier(self) -> None:
         """Return once every rank has called `barrier`."""
         self._begin("barrier")
@@ -554,7 +463,7 @@ class Communicator:
 
     # ---- point to point ------------------------------------------------------------------
 
-    @_collective
+    @collective
     def send(self, buf: Any, dst: int) -> None:
         """Send `buf` (read flat) to rank `dst`, which takes it with `recv` or `sendrecv`.
 
@@ -567,12 +476,12 @@ class Communicator:
         """
         self._pair(buf, dst, None, None)
 
-    @_collective
+    @collective
     def recv(self, buf: Any, src: int) -> Any:
         """Receive what rank `src` sends into `buf` (filled flat); returns `buf`. See `send`."""
         return self._pair(None, None, buf, src)
 
-    @_collective
+    @collective
     def sendrecv(self, sendbuf: Any, dst: int, recvbuf: Any | None = None,
                  src: int | None = None) -> Any:
         """Send `sendbuf` to `dst` while receiving into `recvbuf` from `src` (default: `dst`),
@@ -644,20 +553,41 @@ class Communicator:
         self._usable()
         self._in_flight = True
         transport.begin(where)
-        if self._checking:
+        first = self._first_exchange()
+        if first is not None:
+            first(lambda: pair_agree(transport, said, dst, src))
+        elif self._checking:
             pair_agree(transport, said, dst, src)
-        self._messages.count(dst, src)
         transport.at("send" if src is None else "recv" if dst is None else "sendrecv")
-        transport.sendrecv(mine, dst, into, src)
+        stats = vars(transport.stats).copy()
+        try:
+            transport.sendrecv(mine, dst, into, src)
+            if first is not None:
+                transport.checked()
+        except MessagesDiffer:  # found in the first exchange, before any data was taken
+            vars(transport.stats).update(stats)
+            raise
+        self._messages.count(dst, src)
         if copied:
             recvbuf[...] = into.reshape(recvbuf.shape)
         return recvbuf
+
+    def _first_exchange(self) -> Callable[[Callable[[], None]], None] | None:
+        """Where the transport can make the call's check in its first exchange, overlapping it
+        with the copy in (slots.py, "Folded checks"), what hands the check over; else None."""
+        if not self._checking or self.size == 1:
+            return None
+        return getattr(self._transport, "check_first", None)
 
     def _in_turn(self, call: Callable[[], Any]) -> Any:
         """`call()`, after the calls queued before it (at once when none are)."""
         if self._progress.outstanding and not self._progress.on_thread():
             return self._progress.submit("a queued call", call).wait()
         return call()
+
+    def _disagreement(self, calls: list[tuple[int, ...]]) -> str:
+        """What this rank says when ranks made the calls `calls` (check.py's descriptors)."""
+        return disagreement(calls, self.rank, CALLS)
 
     def _usable(self) -> None:
         """Refuse a closed or broken communicator."""

@@ -228,6 +228,44 @@ def errors_scenario() -> None:
     print("errors ok", flush=True)
 
 
+def mismatch_scenario(single_copy: str) -> None:
+    """A mismatch found in a call's first exchange (slots.py, "Folded checks"), after a rank
+    published what fitted, slot segments or a direct message: every rank raises, nothing
+    lands, and the next calls move the right data."""
+    os.environ["RINGCC_SINGLE_COPY"] = single_copy
+    with collectives.init("shm", segment_bytes=1 << 16, timeout=30) as comm:
+        rank, size = comm.rank, comm.size
+        block = (1 << 19) + 3  # float64: over 4 MiB, a direct message where single copy is on
+        mine = numpy.arange(size * block, dtype=float).reshape(size, block) + rank
+        want = numpy.stack([numpy.arange(size * block, dtype=float).reshape(size, block)[rank]
+                            + r for r in range(size)])
+        for wrong in ("all_to_all", "gather", "sendrecv"):
+            out = numpy.zeros_like(mine)
+            stats = vars(comm.stats).copy()
+            try:
+                if wrong == "all_to_all":  # rank 0 sends float32
+                    comm.all_to_all(mine.astype("f4") if rank == 0 else mine)
+                elif wrong == "gather":  # rank 0 names another root
+                    comm.gather(mine[0], out, root=1 if rank == 0 else 0)
+                elif rank < 2:  # between ranks 0 and 1, rank 1 expecting an element less
+                    comm.sendrecv(mine[0], 1 - rank, out[0][:block - rank])
+            except collectives.MismatchError:
+                pass
+            else:
+                if rank < 2:
+                    raise AssertionError(f"a mismatched {wrong} went unnoticed")
+            assert not out.any(), f"data landed in a mismatched {wrong}"
+            if wrong == "sendrecv":
+                assert vars(comm.stats) == stats, "a mismatched message was counted"
+            numpy.testing.assert_array_equal(comm.all_to_all(mine), want)
+            got = comm.gather(mine[0], root=size - 1)
+            if rank == size - 1:
+                numpy.testing.assert_array_equal(got, [mine[0] - rank + r for r in range(size)])
+            got = comm.sendrecv(mine[1], (rank + 1) % size, src=(rank - 1) % size)
+            numpy.testing.assert_array_equal(got, mine[1] - rank + (rank - 1) % size)
+    print("mismatch ok", flush=True)
+
+
 # ---- the tests -----------------------------------------------------------------------------
 
 def regions_of(output: str) -> list[str]:
@@ -286,8 +324,16 @@ def test_registered_memory_is_read_in_place_and_freed():
     assert_gone(regions_of(job.stdout))
 
 
+@pytest.mark.parametrize("single_copy", ["1", "0"], ids=["single copy", "slots only"])
+def test_a_mismatch_found_in_the_first_exchange_withdraws_what_was_published(single_copy):
+    job = mpiexec(3, __file__, "mismatch", single_copy, timeout=120)
+    assert job.stdout.count("mismatch ok") == 3
+    assert_gone(regions_of(job.stdout))
+
+
 SCENARIOS = {"collectives": collectives_scenario, "failure": failure_scenario,
-             "errors": errors_scenario, "registered": registered_scenario}
+             "errors": errors_scenario, "registered": registered_scenario,
+             "mismatch": mismatch_scenario}
 
 if __name__ == "__main__":
     record_regions()

@@ -14,6 +14,8 @@ Each rank's host region holds
                            the slot: an address, or a registered region and offset
                 call a     one line per one-shot area: the call descriptor and the size of
                            the input published there
+                pair p t   two lines per peer, by turns: the six integers of a point-to-
+                           point check for peer p (`pair_inputs`), its number last
 
 and its data memory, in the host region too or on the device, holds
 
@@ -52,6 +54,13 @@ both check the call and move its data. Memory per rank, whatever the message: SL
 (`Transport.wait`), and stops with PeerFailedError if the peer's process has died rather than
 wait out the timeout.
 
+Folded checks. A call whose check is handed over (`check_first`) makes it in its first
+exchange: the rank first publishes what fits in its free slots, then checks (every rank's call
+descriptor through the one-shot lines, or a message's two ends through their pair lines,
+`pair_inputs`), and only then takes its peers' data. Its copy in overlaps the wait for the
+others instead of following a check made apart. On a mismatch no data has been taken: each
+rank withdraws what it published, and raises.
+
 The protocol is the same whatever memory the data lives in; a memory kind (`MemoryKind`) says
 where, and how to copy and reduce there. The control lines always stay in host shared memory,
 where the CPU polls them.
@@ -61,7 +70,8 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import Any, Protocol
+from array import array
+from typing import Any, Callable, Protocol
 
 import numpy
 from mpi4py import MPI
@@ -148,7 +158,8 @@ class SlotTransport(Transport):
         self._area_bytes = max(PAGE, -(-self.one_shot_bytes // LINE) * LINE)
         self._slot_line = CONSUMED + size
         call_line = self._slot_line + SLOTS
-        control = -(-(call_line + 2) * LINE // PAGE) * PAGE
+        self._pair_line = call_line + 2
+        control = -(-(self._pair_line + 2 * size) * LINE // PAGE) * PAGE
         data = SLOTS * self.slot_bytes + 2 * self._area_bytes
         nbytes = control + (data if self.memory.in_host_region else 0)
         self._check_room(nbytes)
@@ -179,6 +190,8 @@ class SlotTransport(Transport):
         self._expect = [0] * size  # the slot of each peer to look at first for our next segment
         self._barriers = 0
         self._one_shots = 0
+        self._pairs = [0] * size  # pair checks made with each rank (`pair_inputs`)
+        self._pending: Callable[[], None] | None = None  # the call's check, until made
         # Per one-shot area, the typed views of its last input and their (size, dtype): a
         # run of small all-reduces of one kind makes them once.
         self._areas: list[tuple[tuple[int, Any] | None, list[Any]]] = [(None, []), (None, [])]
@@ -230,6 +243,8 @@ class SlotTransport(Transport):
                 else:
                     self._publish(out[k_out * slot:(k_out + 1) * slot], dst, out.size)
                 k_out += 1
+            if self._pending is not None:
+                self._check_first(dst, k_out)
             while k_in < n_in:
                 j = self._find(src)
                 if j is None:
@@ -268,6 +283,53 @@ class SlotTransport(Transport):
             self.wait(lambda: (k_out < n_out and self._slot_free())
                       or (k_in < n_in and self._find(src) is not None),
                       src if k_in < n_in else dst, "a segment" if k_in < n_in else "a free slot")
+
+    def check_first(self, check: Callable[[], None]) -> None:
+        """Make the call's `check` in its first exchange, once this rank has published what fits
+        in its free slots and before it takes any peer's data (see "Folded checks"); `checked`
+        makes it for a call that moved no data."""
+        self._pending = check
+
+    def checked(self) -> None:
+        """Make the call's check now, if no exchange has made it."""
+        if self._pending is not None:
+            self._check_first(None, 0)
+
+    def _check_first(self, dst: int | None, published: int) -> None:
+        """The pending check, once the `published` pieces that fitted have gone to `dst`; on a
+        mismatch they are withdrawn, untaken, so the communicator can go on."""
+        check, self._pending = self._pending, None
+        try:
+            check()
+        except MismatchError:
+            for _ in range(published):
+                j = (self._next_slot - 1) % SLOTS
+                self._own[self._slot_words[j]] = 0
+                self._occupant[j], self._next_slot = None, j
+                self._sent[dst] -= 1
+            raise
+
+    def pair_inputs(self, said: dict[int, tuple[int, ...]]) -> dict[int, tuple[int, ...]]:
+        """Give each peer its six integers, `said[peer]`, and take its six for this rank: one
+        publish and one wait per peer, in the pair lines (see "Folded checks")."""
+        for peer, words in said.items():
+            self._pairs[peer] += 1
+            line = self._pair_words(self.rank, peer, self._pairs[peer])
+            self._own[line + 1:line + 7] = array("Q", words)
+            self._own[line] = self._pairs[peer]  # last: the words are now visible
+        heard = {}
+        for peer in said:
+            line = self._pair_words(peer, self.rank, self._pairs[peer])
+            ctl, turn = self._ctl[peer], self._pairs[peer]
+            if ctl[line] != turn:
+                self.wait(lambda: ctl[line] == turn, peer, "a message")
+            heard[peer] = tuple(ctl[line + 1:line + 7])
+        return heard
+
+    def _pair_words(self, rank: int, peer: int, turn: int) -> int:
+        """The first word of `rank`'s pair line to `peer` for its check number `turn`: two
+        lines per peer, by turns (a peer writes turn t+2 only after reading turn t)."""
+        return (self._pair_line + 2 * peer + (turn & 1)) * WORDS
 
     def _read(self, src: int, address: int, into: Any, dtype: Any, op: ReduceOp | None,
               inbuf: Any | None) -> None:
