@@ -32,29 +32,38 @@ class Work:
         self.what = what  # the call, for messages: "all_reduce (call 3 made async)"
         self.started: float | None = None  # time.perf_counter() when it began to run
         self.finished: float | None = None  # ... and when it ended
-        self._done = threading.Event()
+        # Held until the call has run. A plain lock, not an Event: waking a waiter through
+        # it takes a few microseconds, through an Event's condition several times that.
+        self._running = threading.Lock()
+        self._running.acquire()
+        self._done = False
         self._result: Any = None
         self._error: BaseException | None = None
 
     def wait(self, timeout: float | None = None) -> Any:
         """Return the call's result once it has run, or raise its error. `timeout`: seconds
         to wait at most before raising `CollectiveTimeoutError` (the call goes on)."""
-        if not self._done.wait(timeout):
-            raise CollectiveTimeoutError(f"{self.what} did not complete within {timeout:g} s")
+        self._await(timeout)
         if self._error is not None:
             raise self._error
         return self._result
 
     def is_completed(self) -> bool:
         """Whether the call has run (successfully or not); never blocks."""
-        return self._done.is_set()
+        return self._done
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """Wait for the call as `wait` does; return the error it raised, or None if it
         succeeded (as concurrent.futures' `Future.exception`)."""
-        if not self._done.wait(timeout):
-            raise CollectiveTimeoutError(f"{self.what} did not complete within {timeout:g} s")
+        self._await(timeout)
         return self._error
+
+    def _await(self, timeout: float | None) -> None:
+        if self._done:
+            return
+        if not self._running.acquire(timeout=-1 if timeout is None else timeout):
+            raise CollectiveTimeoutError(f"{self.what} did not complete within {timeout:g} s")
+        self._running.release()  # for any other waiter
 
     @property
     def seconds(self) -> float:
@@ -74,7 +83,8 @@ class Work:
         self.finished = time.perf_counter()
 
     def _finish(self) -> None:
-        self._done.set()
+        self._done = True
+        self._running.release()
 
     def __repr__(self) -> str:
         state = "failed" if self._error else "completed" if self.is_completed() else "pending"
