@@ -208,8 +208,8 @@ def torch_trainers(initial: dict[str, numpy.ndarray], args: argparse.Namespace,
                    stack: ExitStack) -> list[Torch]:
     """PyTorch DDP on Gloo (the default group), on ringcc's torch.distributed backend, and on
     Gloo with ringcc's allreduce_hook averaging the buckets: the same model and start. The
-    ringcc rows share a communicator of their own (its calls run on collectives.torch's
-    worker thread, never beside this trainer's)."""
+    ringcc rows share a communicator of their own (its calls run on that communicator's progress
+    thread, never beside this trainer's)."""
     import collectives.torch
 
     from .peers import GlooPeer
