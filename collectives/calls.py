@@ -27,6 +27,7 @@ from transports.errors import CallsDiffer, MismatchError
 from .arrays import is_tensor, tensor_memory
 from .check import MessagesDiffer
 from .timeline import record_call
+from .work import run_now
 
 
 def collective(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -43,11 +44,14 @@ def collective(method: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(method)
     def call(self: Any, *args: Any, async_op: bool = False, **kwargs: Any) -> Any:
-        if async_op or (self._progress.outstanding and not self._progress.on_thread()):
-            # On the progress thread, in its turn, this same wrapper runs the call.
-            work = self._progress.submit(f"{name} ({'async' if async_op else 'queued'} call)",
-                                         lambda: call(self, *args, **kwargs))
-            return work if async_op else work.wait()
+        if async_op or self._progress.outstanding:
+            if not self._progress.on_thread():
+                # On the progress thread, in its turn, this same wrapper runs the call.
+                work = self._progress.submit(f"{name} ({'async' if async_op else 'queued'} "
+                                             f"call)", lambda: call(self, *args, **kwargs))
+                return work if async_op else work.wait()
+            if async_op:  # from a submitted function: its turn is now
+                return run_now(f"{name} (async call)", lambda: call(self, *args, **kwargs))
         self._in_flight = False  # until `_begin` starts the exchanges
         tensors: dict[int, Any] = {}  # id of the NumPy view -> the caller's torch tensor
         if _holds_tensor(args, kwargs):

@@ -29,7 +29,7 @@ class Work:
     """A call that runs in the background; `wait()` for its result."""
 
     def __init__(self, what: str) -> None:
-        self.what = what  # the call, for messages: "all_reduce (call 3 made async)"
+        self.what = what  # the call, for messages: "all_reduce (async call)"
         self.started: float | None = None  # time.perf_counter() when it began to run
         self.finished: float | None = None  # ... and when it ended
         # Held until the call has run. A plain lock, not an Event: waking a waiter through
@@ -145,6 +145,16 @@ class Progress:
                 self.outstanding -= 1
             work._finish()
             del item, work, call  # the call's buffers are the caller's again: hold none
+
+
+def run_now(what: str, call: Callable[[], Any]) -> Work:
+    """`call` run here and now, as a completed `Work`: an async call made on the progress
+    thread itself (from a submitted function) is already in its turn, and queueing it there
+    would have it wait for the very call that waits for it."""
+    work = Work(what)
+    work._run(call)
+    work._finish()
+    return work
 
 
 def _raiser(error: BaseException) -> Callable[[], Any]:

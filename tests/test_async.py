@@ -121,7 +121,7 @@ def test_submitted_functions_run_in_turn_and_their_calls_run_at_once():
     def body(comm):
         x = numpy.arange(3.0) + comm.rank
         first = comm.all_reduce(x, async_op=True)
-        doubled = comm.submit(lambda: comm.all_reduce(x, op="max") * 2)
+        doubled = comm.submit(lambda: comm.all_reduce(x, op="max", async_op=True).wait() * 2)
         last = comm.broadcast(numpy.full(2, comm.rank), root=1, async_op=True)
         return first.wait().tolist(), doubled.wait().tolist(), last.wait().tolist()
 
