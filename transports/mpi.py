@@ -29,6 +29,7 @@ from .errors import CallsDiffer, InvalidArgumentError
 
 TAG = 17
 CALL_BYTES = 8 * CALL_WORDS  # a call's descriptor, as 8-byte integers
+KEPT_SIZES = 8  # one-shot packet sizes whose persistent sends are kept
 
 
 def _bytes(buf: Any) -> list:
@@ -79,6 +80,10 @@ class MPITransport(Transport):
             # one arrives. (A segment holds at least one element; no dtype is wider than 64 B.)
             nbytes = max(self.segment_bytes, 64)
             self._scratch = [self.xp.empty(nbytes, numpy.uint8) for _ in range(2)]
+            # The one-shot exchange's persistent requests and buffers (`_incoming`, `_outgoing`).
+            self._landing: tuple[list[Any], list[Any], list[MPI.Prequest]] | None = None
+            self._sending: dict[int, tuple[Any, Any, list[MPI.Prequest]]] = {}
+            self._views: dict[tuple[int, Any], list[Any]] = {}  # the peers' inputs, by kind
             self.staged = self.xp is not numpy and not cuda_aware(self.comm)
             if self.staged:
                 self._host = [pinned_empty(nbytes) for _ in range(2)]  # outgoing, incoming
@@ -175,21 +180,61 @@ class MPITransport(Transport):
             return self._exchange(buf)
         host = buf if self.xp is numpy else buf.get()
         with_data = host.nbytes <= self.one_shot_bytes
-        packet = numpy.empty(CALL_BYTES + (host.nbytes if with_data else 0), numpy.uint8)
-        packet[:CALL_BYTES].view(numpy.uint64)[:] = call
+        packet, header, sends = self._outgoing(CALL_BYTES + (host.nbytes if with_data else 0))
+        header[:] = call
         if with_data:
             packet[CALL_BYTES:] = host.view(numpy.uint8)
-        room = CALL_BYTES + self.one_shot_bytes
-        packets = [packet if r == self.rank else numpy.empty(room, numpy.uint8)
-                   for r in range(self.size)]
-        self._post_all(packet, packets)
-        calls = [tuple(p[:CALL_BYTES].view(numpy.uint64).tolist()) for p in packets]
-        if calls.count(call) != self.size:
+        buffers, headers, receives = self._incoming()
+        MPI.Prequest.Startall(receives + sends)
+        for peer, request in zip((r for r in range(self.size) if r != self.rank), receives):
+            self._wait_all([request], peer, "a message")
+        self._wait_all(sends, None, "its sends to complete")
+        expected = list(call)
+        if any(h.tolist() != expected for h in headers):
+            calls = [tuple(h.tolist()) for h in headers]
+            calls.insert(self.rank, call)
             raise CallsDiffer(calls)
         if not with_data:
             return self._exchange(buf)
-        inputs = [p[CALL_BYTES:CALL_BYTES + host.nbytes].view(host.dtype) for p in packets]
+        key = (host.nbytes, host.dtype)
+        if key not in self._views:  # a run of calls of one kind makes them once
+            if len(self._views) >= KEPT_SIZES:
+                self._views.clear()
+            self._views[key] = [b[CALL_BYTES:CALL_BYTES + host.nbytes].view(host.dtype)
+                                for b in buffers]
+        inputs = list(self._views[key])
+        inputs[self.rank] = packet[CALL_BYTES:].view(host.dtype)
         return inputs if self.xp is numpy else [self.xp.asarray(i) for i in inputs]
+
+    def _incoming(self) -> tuple[list[Any], list[Any], list[MPI.Prequest]]:
+        """Where each peer's one-shot packet lands, with room for the largest (this rank's own
+        entry is a placeholder), the peers' descriptors within them, and the persistent
+        receive into each, made once: a small call then costs one Startall, not a buffer and a
+        request per peer. The packets stay valid until the next call, as `all_inputs`
+        promises."""
+        if self._landing is None:
+            room = CALL_BYTES + self.one_shot_bytes
+            buffers = [numpy.empty(0 if r == self.rank else room, numpy.uint8)
+                       for r in range(self.size)]
+            peers = [r for r in range(self.size) if r != self.rank]
+            self._landing = (buffers,
+                             [buffers[r][:CALL_BYTES].view(numpy.uint64) for r in peers],
+                             [self.comm.Recv_init(_bytes(buffers[r]), r, TAG) for r in peers])
+        return self._landing
+
+    def _outgoing(self, nbytes: int) -> tuple[numpy.ndarray, numpy.ndarray, list[MPI.Prequest]]:
+        """A one-shot packet of `nbytes`, its descriptor, and the persistent sends of it to
+        every peer, kept for the next call of the same size (a run of small calls is mostly of
+        a few sizes)."""
+        if nbytes not in self._sending:
+            if len(self._sending) >= KEPT_SIZES:  # the oldest size goes
+                for request in self._sending.pop(next(iter(self._sending)))[2]:
+                    request.Free()
+            packet = numpy.empty(nbytes, numpy.uint8)
+            self._sending[nbytes] = (packet, packet[:CALL_BYTES].view(numpy.uint64),
+                                     [self.comm.Send_init(_bytes(packet), r, TAG)
+                                      for r in range(self.size) if r != self.rank])
+        return self._sending[nbytes]
 
     def _exchange(self, buf: Any) -> list[Any]:
         """Every rank's `buf`. Device inputs, which are small, travel as host copies."""
@@ -216,5 +261,20 @@ class MPITransport(Transport):
 
     def close(self) -> None:
         if not self.closed and not MPI.Is_finalized():
+            self._free_persistent()
             self.comm.Free()
         super().close()
+
+    def _free_persistent(self) -> None:
+        """Free the one-shot requests; a receive still waiting (a call that failed) is
+        cancelled first, and a send still going is freed to finish on its own."""
+        receives = [] if self._landing is None else self._landing[2]
+        for request in receives:
+            if not request.Test():
+                request.Cancel()
+                request.Wait()
+            request.Free()
+        for _, _, sends in self._sending.values():
+            for request in sends:
+                request.Free()
+        self._landing, self._sending, self._views = None, {}, {}
