@@ -112,14 +112,8 @@ def agree(transport: Transport) -> None:
     uncounted, so traces and byte counts show only the collective's own traffic.
     """
     transport.at("check")
-    check_call(transport)
-    transport.at("")  # until the algorithm names its own phase
-
-
-def check_call(transport: Transport) -> None:
-    """`agree` without naming a phase: for a transport that makes the check inside the call's
-    first exchange (`check_first`), where the phase is the algorithm's."""
     transport.all_inputs(transport.xp.empty(0, transport.xp.uint8), counted=False)
+    transport.at("")  # until the algorithm names its own phase
 
 
 def disagreement(calls: list[tuple[int, ...]], rank: int, names: tuple[str, ...]) -> str:

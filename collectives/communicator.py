@@ -29,7 +29,7 @@ from .arrays import flat_work, same_memory
 from .blocks import check_counts, exchanged, gathered, split
 from .broadcast import ring_broadcast
 from .calls import collective, current_device
-from .check import MessagesDiffer, agree, check_call, descriptor, disagreement, pair_agree
+from .check import MessagesDiffer, agree, descriptor, disagreement, pair_agree
 from .gather import gather_to_root
 from .hierarchical import hierarchical_all_reduce
 from .naive import naive_ring_all_reduce, reduce_broadcast_all_reduce
@@ -277,14 +277,10 @@ class Communicator:
             work, copied = flat_work(recvbuf, xp)
             if same_memory(mine, work[slice(*bounds[root])], xp):
                 mine = None  # in place: the root's block is already where it belongs
-        first = self._first_exchange()
         self._begin("gather", bounds[-1][1] if counts else sendbuf.size, sendbuf.dtype,
-                    root=root, folded=first is not None, counts=counts)
-        if first is not None:
-            first(lambda: check_call(self._transport))
+                    root=root, counts=counts, first_exchange=True)
         gather_to_root(self._transport, mine, work, bounds, root)
-        if first is not None:
-            self._transport.checked()
+        self._transport.checked()
         if copied:
             recvbuf[...] = work.reshape(recvbuf.shape)
         return recvbuf
@@ -416,13 +412,9 @@ class Communicator:
         mine = flat_work(sendbuf, xp)[0]
         if xp.may_share_memory(mine, work):
             mine = mine.copy()  # in place: blocks land where others are yet to leave
-        first = self._first_exchange()
-        self._begin("all_to_all", total, sendbuf.dtype, folded=first is not None, counts=counts)
-        if first is not None:
-            first(lambda: check_call(self._transport))
+        self._begin("all_to_all", total, sendbuf.dtype, counts=counts, first_exchange=True)
         pairwise_all_to_all(self._transport, mine, work, send_bounds, recv_bounds)
-        if first is not None:
-            self._transport.checked()
+        self._transport.checked()
         if copied:
             recvbuf[...] = work.reshape(recvbuf.shape)
         return recvbuf
@@ -553,17 +545,13 @@ class Communicator:
         self._usable()
         self._in_flight = True
         transport.begin(where)
-        first = self._first_exchange()
-        if first is not None:
-            first(lambda: pair_agree(transport, said, dst, src))
-        elif self._checking:
-            pair_agree(transport, said, dst, src)
+        if self._checking:
+            transport.check_first(lambda: pair_agree(transport, said, dst, src))
         transport.at("send" if src is None else "recv" if dst is None else "sendrecv")
         stats = vars(transport.stats).copy()
         try:
             transport.sendrecv(mine, dst, into, src)
-            if first is not None:
-                transport.checked()
+            transport.checked()
         except MessagesDiffer:  # found in the first exchange, before any data was taken
             vars(transport.stats).update(stats)
             raise
@@ -571,13 +559,6 @@ class Communicator:
         if copied:
             recvbuf[...] = into.reshape(recvbuf.shape)
         return recvbuf
-
-    def _first_exchange(self) -> Callable[[Callable[[], None]], None] | None:
-        """Where the transport can make the call's check in its first exchange, overlapping it
-        with the copy in (slots.py, "Folded checks"), what hands the check over; else None."""
-        if not self._checking or self.size == 1:
-            return None
-        return getattr(self._transport, "check_first", None)
 
     def _in_turn(self, call: Callable[[], Any]) -> Any:
         """`call()`, after the calls queued before it (at once when none are)."""
@@ -598,9 +579,12 @@ class Communicator:
                                   f"{self._broken}; make a new one")
 
     def _begin(self, collective: str, count: int = -1, dtype: Any = None, op: str | None = None,
-               root: int = -1, folded: bool = False, counts: tuple | None = None) -> None:
+               root: int = -1, folded: bool = False, counts: tuple | None = None,
+               first_exchange: bool = False) -> None:
         """Number the call, then check that every rank made the same one (see check.py):
-        here, or, when `folded`, in the call's first exchange of small inputs."""
+        here; when `folded`, in the call's first exchange of small inputs, which carries the
+        descriptor; with `first_exchange`, handed to `transport.check_first`, which may make
+        it inside the call's first exchange (the caller then calls `transport.checked()`)."""
         transport = self._transport
         self._usable()
         self._calls += 1
@@ -615,7 +599,9 @@ class Communicator:
                                                        op, root, counts)[1:]
         call = (self._calls, *rest)
         transport.begin(f"{collective} #{self._calls}", call)
-        if not folded:
+        if first_exchange:
+            transport.check_first(lambda: agree(transport))
+        elif not folded:
             agree(transport)
 
     def _resolve(self, op: str, dtype: Any) -> Any:

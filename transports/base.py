@@ -205,6 +205,16 @@ class Transport(ABC):
                 record["start"], record["end"] = start, end
         return inputs
 
+    def check_first(self, check: Callable[[], None]) -> None:
+        """Make the call's `check` (an exchange of descriptors) before its data moves: here,
+        at once. A transport that can make it inside the call's first exchange, overlapping
+        the wait with its own copy in, overrides this and `checked` (slots.py)."""
+        check()
+
+    def checked(self) -> None:
+        """The call's data has moved: make a check handed to `check_first` that no exchange
+        has made yet (a rank that moved nothing). Nothing to do here."""
+
     def register(self, nbytes: int) -> Any:
         """`nbytes` of memory for the caller's buffers, flat bytes, that peers can read in
         place where the transport shares memory (then collective: every rank asks for the same

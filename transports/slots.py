@@ -299,8 +299,10 @@ class SlotTransport(Transport):
         """The pending check, once the `published` pieces that fitted have gone to `dst`; on a
         mismatch they are withdrawn, untaken, so the communicator can go on."""
         check, self._pending = self._pending, None
+        phase, step = self.phase, self.step
         try:
             check()
+            self.at(phase, step)  # the check names its own phase; the algorithm's goes on
         except MismatchError:
             for _ in range(published):
                 j = (self._next_slot - 1) % SLOTS
