@@ -40,7 +40,7 @@ def collective(method: Callable[..., Any]) -> Callable[..., Any]:
     been drained (scatter), so they leave the communicator usable; so do the mismatches that
     the checks find before data moves (CallsDiffer, MessagesDiffer).
     """
-    name = method.__name__
+    name = method.__name__.lstrip("_")  # `_all_reduce`, all_reduce's general path
 
     @functools.wraps(method)
     def call(self: Any, *args: Any, async_op: bool = False, **kwargs: Any) -> Any:
@@ -69,7 +69,7 @@ def collective(method: Callable[..., Any]) -> Callable[..., Any]:
             raise MismatchError(str(differ)) from None
         except BaseException as error:
             if self._in_flight and not isinstance(error, (ValueError, TypeError)):
-                self._broken = f"{self._transport.where} failed ({type(error).__name__}: {error})"
+                self._break(error)
             raise
         finally:
             if trace is not None:  # named by its number once `_begin` gave it one

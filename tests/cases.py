@@ -321,6 +321,59 @@ def async_mismatch_case(comm: Any) -> dict:
     return {"result": said, "after": after.wait()}
 
 
+def small_call_case(comm: Any, dtype: str, op: str) -> dict:
+    """Small all-reduces of one kind in every form a call takes, once the kind is known, and
+    which of them took the general path (`_all_reduce`) instead of the small-call lane
+    (`Communicator._small_all_reduce`); also what the lane and the general one-shot count in
+    `stats`."""
+    mine = values(comm.rank, 6, dtype).reshape(2, 3)
+    comm.all_reduce(mine, op=op)  # the first call of a kind resolves its op: general path
+    general_path = comm._all_reduce
+    taken = []
+
+    def spy(sendbuf: Any, recvbuf: Any = None, op: str = "sum", algorithm: str = "auto",
+            **kwargs: Any) -> Any:
+        taken.append(algorithm)
+        return general_path(sendbuf, recvbuf, op, algorithm, **kwargs)
+
+    comm._all_reduce = spy
+    try:
+        counted = []
+        for algorithm in ("auto", "one_shot"):
+            comm.stats.reset()
+            result = comm.all_reduce(mine, op=op, algorithm=algorithm)
+            counted.append((result, comm.stats.bytes_sent, comm.stats.bytes_received,
+                            comm.stats.messages))
+        into = numpy.empty_like(mine)
+        returned = comm.all_reduce(mine, into, op=op)
+        in_place = mine.copy()
+        comm.all_reduce(in_place, in_place, op=op)
+        into_view = numpy.empty((2, *mine.shape), mine.dtype)[1]  # not owning its memory
+        comm.all_reduce(mine, into_view, op=op)
+        scalar = comm.all_reduce(numpy.array(mine[0, 0]), op=op)
+        strided = comm.all_reduce(values(comm.rank, 12, dtype).reshape(2, 6)[:, ::2], op=op)
+    finally:
+        del comm._all_reduce
+    return {"lane": counted[0], "general": counted[1], "into": into,
+            "returned_into": returned is into, "in_place": in_place, "into_view": into_view,
+            "scalar": scalar, "strided": strided, "general_path": taken}
+
+
+def small_call_mismatch_case(comm: Any) -> dict:
+    """Both kinds known on every rank, rank 0 sums where the others take the max: the lane's
+    check raises on every rank, and the communicator goes on."""
+    mine = values(comm.rank, 4, "float64")
+    for op in ("sum", "max"):
+        comm.all_reduce(mine, op=op)
+        comm.all_reduce(mine, op=op)
+    try:
+        comm.all_reduce(mine, op="sum" if comm.rank == 0 else "max")
+        said = None
+    except Exception as error:  # noqa: BLE001 - what every rank raised is the result
+        said = f"{type(error).__name__}: {error}"
+    return {"said": said, "after": comm.all_reduce(mine)}
+
+
 # ---- references, checked in the test process ----------------------------------------------
 
 def reduce_reference(op: str, inputs: list[numpy.ndarray]) -> numpy.ndarray:

@@ -117,15 +117,16 @@ class Transport(ABC):
 
     # ---- what the caller is doing, for traces and error messages ------------------------
 
-    def begin(self, where: str, call: tuple[int, ...] | None = None) -> None:
-        """A new call starts: `where` names it ("all_reduce #3") until the next one.
+    def begin(self, where: str, call: tuple[int, ...] | None = None, phase: str = "") -> None:
+        """A new call starts: `where` names it ("all_reduce #3") until the next one, and its
+        algorithm is at `phase` (see `at`).
 
         `call`, when given, is the call's descriptor (six non-negative integers): the call's
         first `all_inputs` carries it to every rank along with the data, and raises
         `CallsDiffer` on every rank if any rank's differs. So a small call checks itself in
         the exchange that moves its data.
         """
-        self.where, self.phase, self.step, self._call = where, "", 0, call
+        self.where, self.phase, self.step, self._call = where, phase, 0, call
 
     def at(self, phase: str, step: int = 0) -> None:
         """The algorithm is at `step` of `phase` ("reduce-scatter", 2)."""
@@ -179,18 +180,27 @@ class Transport(ABC):
     def all_inputs(self, buf: Any, counted: bool = True) -> list[Any]:
         """Every rank's `buf`, in rank order.
 
-        Every rank calls it with a flat buffer of the same size and dtype. The arrays returned
-        never alias `buf` (so `buf` may be overwritten while they are read), and stay valid
-        only until this rank's next collective: read them before returning. Uncounted, the
-        exchange stays out of `stats` and traces: the call check uses it, so that they show
-        only the collectives' own traffic.
+        Every rank calls it with a contiguous buffer of the same shape and dtype; the arrays
+        returned have that shape too. They never alias `buf` (so `buf` may be overwritten while
+        they are read), and stay valid only until this rank's next collective: read them before
+        returning. Uncounted, the exchange stays out of `stats` and traces: the call check uses
+        it, so that they show only the collectives' own traffic.
         """
-        if buf.ndim != 1 or not buf.flags.c_contiguous:
-            raise ValueError("transports move flat contiguous arrays only")
+        if not buf.flags.c_contiguous:
+            raise ValueError("transports move contiguous arrays only")
         call, self._call = self._call, None
-        if self.size == 1 or (buf.size == 0 and call is None):
+        nbytes, peers = buf.nbytes, self.size - 1
+        if counted and nbytes and peers and self.trace is None and self.on_transfer is None \
+                and not self.off_node:
+            # What the loop below counts, without a record per peer: small calls come often.
+            stats = self.stats
+            stats.bytes_sent += peers * nbytes
+            stats.bytes_received += peers * nbytes
+            stats.messages += peers
+            return self._all_inputs(buf, call)
+        if not peers or (not nbytes and call is None):
             return [buf.copy() for _ in range(self.size)]
-        if not counted or buf.size == 0:
+        if not counted or not nbytes:
             return self._all_inputs(buf, call)
         records = []  # while tracing: one exchange, so its records span it alike
         for step in range(1, self.size):
@@ -275,13 +285,14 @@ class Transport(ABC):
         return self._exchange(buf)
 
     def _exchange(self, buf: Any) -> list[Any]:
-        """Every rank's `buf` by direct copies: in step s, send to rank + s and receive from
-        rank - s."""
+        """Every rank's `buf` (any shape) by direct copies of it flat: in step s, send to
+        rank + s and receive from rank - s."""
         inputs = [self.xp.empty_like(buf) for _ in range(self.size)]
         inputs[self.rank][...] = buf
         for step in range(1, self.size):
             src = (self.rank - step) % self.size
-            self._sendrecv(buf, (self.rank + step) % self.size, inputs[src], src)
+            self._sendrecv(buf.reshape(-1), (self.rank + step) % self.size,
+                           inputs[src].reshape(-1), src)
         return inputs
 
     # ---- helpers shared by transports ----------------------------------------------------

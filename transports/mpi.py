@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import struct
 from typing import Any
 
 import numpy
@@ -28,7 +29,8 @@ from .cuda import copy_bytes, pinned_empty, use_gpu
 from .errors import CallsDiffer, InvalidArgumentError
 
 TAG = 17
-CALL_BYTES = 8 * CALL_WORDS  # a call's descriptor, as 8-byte integers
+CALL = struct.Struct(f"{CALL_WORDS}Q")  # a call's descriptor, as 8-byte integers
+CALL_BYTES = CALL.size
 KEPT_SIZES = 8  # one-shot packet sizes whose persistent sends are kept
 
 
@@ -57,6 +59,34 @@ def cuda_aware(comm: MPI.Comm) -> bool:
     return query is not None and query() == 1
 
 
+class _Landing:
+    """Where each peer's one-shot packet lands, with room for the largest (this rank's own
+    entry is a placeholder), the peers' descriptors within them (as bytes), and the
+    persistent receive into each, made once: a small call then costs one Startall, not a
+    buffer and a request per peer. The packets stay valid until the next call, as
+    `all_inputs` promises."""
+
+    def __init__(self, comm: MPI.Comm, rank: int, peers: list[int], one_shot_bytes: int) -> None:
+        room = CALL_BYTES + one_shot_bytes
+        self.buffers = [numpy.empty(0 if r == rank else room, numpy.uint8)
+                        for r in range(comm.Get_size())]
+        self.headers = [memoryview(self.buffers[r])[:CALL_BYTES] for r in peers]
+        self.receives = [comm.Recv_init(_bytes(self.buffers[r]), r, TAG) for r in peers]
+
+
+class _Shot:
+    """A one-shot packet of `nbytes` (descriptor, then data), its persistent sends to every
+    peer, and per kind of input (shape, dtype) every rank's input as views (`_views_of`)."""
+
+    def __init__(self, comm: MPI.Comm, peers: list[int], nbytes: int,
+                 receives: list[MPI.Prequest]) -> None:
+        self.packet = numpy.empty(nbytes, numpy.uint8)
+        self.header = memoryview(self.packet)[:CALL_BYTES]
+        self.sends = [comm.Send_init(_bytes(self.packet), r, TAG) for r in peers]
+        self.requests = receives + self.sends  # what one Startall starts
+        self.kinds: dict[tuple, list[Any]] = {}
+
+
 class MPITransport(Transport):
     """Point-to-point over a duplicate of `comm` (default `MPI.COMM_WORLD`)."""
 
@@ -81,9 +111,9 @@ class MPITransport(Transport):
             nbytes = max(self.segment_bytes, 64)
             self._scratch = [self.xp.empty(nbytes, numpy.uint8) for _ in range(2)]
             # The one-shot exchange's persistent requests and buffers (`_incoming`, `_outgoing`).
-            self._landing: tuple[list[Any], list[Any], list[MPI.Prequest]] | None = None
-            self._sending: dict[int, tuple[Any, Any, list[MPI.Prequest]]] = {}
-            self._views: dict[tuple[int, Any], list[Any]] = {}  # the peers' inputs, by kind
+            self._peers = [r for r in range(self.size) if r != self.rank]
+            self._landing: _Landing | None = None
+            self._sending: dict[int, _Shot] = {}  # by packet size
             self.staged = self.xp is not numpy and not cuda_aware(self.comm)
             if self.staged:
                 self._host = [pinned_empty(nbytes) for _ in range(2)]  # outgoing, incoming
@@ -175,66 +205,62 @@ class MPITransport(Transport):
         """With a call to check, one message per peer carries the descriptor and, when the data
         is small (up to `one_shot_bytes`), the data too: a small call checks itself in the
         exchange that moves it. Each receive has room for the largest such message, so a peer
-        whose call differs cannot overrun it."""
+        whose call differs cannot overrun it. Small calls come often, so the path is lean:
+        buffers, requests and views are made once per size and kind, and the descriptors are
+        compared as bytes."""
         if call is None:
             return self._exchange(buf)
         host = buf if self.xp is numpy else buf.get()
         with_data = host.nbytes <= self.one_shot_bytes
-        packet, header, sends = self._outgoing(CALL_BYTES + (host.nbytes if with_data else 0))
-        header[:] = call
+        shot = self._outgoing(CALL_BYTES + (host.nbytes if with_data else 0))
+        line = CALL.pack(*call)
+        shot.header[:] = line
+        inputs = None
         if with_data:
-            packet[CALL_BYTES:] = host.view(numpy.uint8)
-        buffers, headers, receives = self._incoming()
-        MPI.Prequest.Startall(receives + sends)
-        for peer, request in zip((r for r in range(self.size) if r != self.rank), receives):
-            self._wait_all([request], peer, "a message")
-        self._wait_all(sends, None, "its sends to complete")
-        expected = list(call)
-        if any(h.tolist() != expected for h in headers):
-            calls = [tuple(h.tolist()) for h in headers]
-            calls.insert(self.rank, call)
-            raise CallsDiffer(calls)
-        if not with_data:
+            inputs = shot.kinds.get((host.shape, host.dtype)) or self._views_of(shot, host)
+            inputs[self.rank][...] = host
+        MPI.Prequest.Startall(shot.requests)
+        for _ in range(self.spin):  # a peer is most often about to send
+            if MPI.Request.Testall(shot.requests):
+                break
+        else:
+            for peer, request in zip(self._peers, self._landing.receives):
+                self._wait_all([request], peer, "a message")
+            self._wait_all(shot.sends, None, "its sends to complete")
+        for header in self._landing.headers:
+            if header != line:
+                calls = [CALL.unpack(bytes(h)) for h in self._landing.headers]
+                calls.insert(self.rank, call)
+                raise CallsDiffer(calls)
+        if inputs is None:
             return self._exchange(buf)
-        key = (host.nbytes, host.dtype)
-        if key not in self._views:  # a run of calls of one kind makes them once
-            if len(self._views) >= KEPT_SIZES:
-                self._views.clear()
-            self._views[key] = [b[CALL_BYTES:CALL_BYTES + host.nbytes].view(host.dtype)
-                                for b in buffers]
-        inputs = list(self._views[key])
-        inputs[self.rank] = packet[CALL_BYTES:].view(host.dtype)
         return inputs if self.xp is numpy else [self.xp.asarray(i) for i in inputs]
 
-    def _incoming(self) -> tuple[list[Any], list[Any], list[MPI.Prequest]]:
-        """Where each peer's one-shot packet lands, with room for the largest (this rank's own
-        entry is a placeholder), the peers' descriptors within them, and the persistent
-        receive into each, made once: a small call then costs one Startall, not a buffer and a
-        request per peer. The packets stay valid until the next call, as `all_inputs`
-        promises."""
-        if self._landing is None:
-            room = CALL_BYTES + self.one_shot_bytes
-            buffers = [numpy.empty(0 if r == self.rank else room, numpy.uint8)
-                       for r in range(self.size)]
-            peers = [r for r in range(self.size) if r != self.rank]
-            self._landing = (buffers,
-                             [buffers[r][:CALL_BYTES].view(numpy.uint64) for r in peers],
-                             [self.comm.Recv_init(_bytes(buffers[r]), r, TAG) for r in peers])
-        return self._landing
+    def _views_of(self, shot: _Shot, host: numpy.ndarray) -> list[Any]:
+        """Every rank's input of `host`'s kind within the one-shot packets: this rank's in
+        `shot`, the peers' where their packets land. Made once per kind (a run of small calls
+        is mostly of a few)."""
+        if len(shot.kinds) >= KEPT_SIZES:
+            shot.kinds.clear()
+        views = [b[CALL_BYTES:CALL_BYTES + host.nbytes] for b in self._landing.buffers]
+        views[self.rank] = shot.packet[CALL_BYTES:]
+        inputs = shot.kinds[(host.shape, host.dtype)] = [
+            v.view(host.dtype).reshape(host.shape) for v in views]
+        return inputs
 
-    def _outgoing(self, nbytes: int) -> tuple[numpy.ndarray, numpy.ndarray, list[MPI.Prequest]]:
-        """A one-shot packet of `nbytes`, its descriptor, and the persistent sends of it to
-        every peer, kept for the next call of the same size (a run of small calls is mostly of
-        a few sizes)."""
-        if nbytes not in self._sending:
+    def _outgoing(self, nbytes: int) -> _Shot:
+        """The one-shot packet of `nbytes` and its persistent requests, kept for the next call
+        of the same size; made with the persistent receives (`_Landing`) on first use."""
+        if self._landing is None:
+            self._landing = _Landing(self.comm, self.rank, self._peers, self.one_shot_bytes)
+        shot = self._sending.get(nbytes)
+        if shot is None:
             if len(self._sending) >= KEPT_SIZES:  # the oldest size goes
-                for request in self._sending.pop(next(iter(self._sending)))[2]:
+                for request in self._sending.pop(next(iter(self._sending))).sends:
                     request.Free()
-            packet = numpy.empty(nbytes, numpy.uint8)
-            self._sending[nbytes] = (packet, packet[:CALL_BYTES].view(numpy.uint64),
-                                     [self.comm.Send_init(_bytes(packet), r, TAG)
-                                      for r in range(self.size) if r != self.rank])
-        return self._sending[nbytes]
+            shot = self._sending[nbytes] = _Shot(self.comm, self._peers, nbytes,
+                                                 self._landing.receives)
+        return shot
 
     def _exchange(self, buf: Any) -> list[Any]:
         """Every rank's `buf`. Device inputs, which are small, travel as host copies."""
@@ -268,13 +294,13 @@ class MPITransport(Transport):
     def _free_persistent(self) -> None:
         """Free the one-shot requests; a receive still waiting (a call that failed) is
         cancelled first, and a send still going is freed to finish on its own."""
-        receives = [] if self._landing is None else self._landing[2]
+        receives = [] if self._landing is None else self._landing.receives
         for request in receives:
             if not request.Test():
                 request.Cancel()
                 request.Wait()
             request.Free()
-        for _, _, sends in self._sending.values():
-            for request in sends:
+        for shot in self._sending.values():
+            for request in shot.sends:
                 request.Free()
-        self._landing, self._sending, self._views = None, {}, {}
+        self._landing, self._sending = None, {}

@@ -87,6 +87,7 @@ PAGE = 4096
 SLOTS = 4  # a sender fills some slots while its receiver empties others
 WORDS = LINE // 8  # 8-byte words per line
 CALL_LINE = struct.Struct(f"{CALL_WORDS + 1}Q")  # a call line: the descriptor, the input's size
+NO_CALL = (0,) * CALL_WORDS  # the descriptor of an exchange that checks no call
 # Messages of at least this size, sent while receiving, go by direct reads where the memory kind
 # allows (see "Direct reads"): below it, measured, a copy through the slots costs less.
 DIRECT_BYTES = 4 << 20
@@ -173,7 +174,12 @@ class SlotTransport(Transport):
         self._slots = [[d[j * self.slot_bytes:(j + 1) * self.slot_bytes] for j in range(SLOTS)]
                        for d in self._data]
         self._slot_words = [(self._slot_line + j) * WORDS for j in range(SLOTS)]
-        self._call_words = [(call_line + area) * WORDS for area in range(2)]
+        # Per one-shot area, our call line and the peers', as bytes: written, and compared,
+        # whole.
+        lines = [[ctl[(call_line + area) * LINE:][:CALL_LINE.size] for ctl in self._ctl_bytes]
+                 for area in range(2)]
+        self._call_lines = [(line[self.rank], line[:self.rank] + line[self.rank + 1:])
+                            for line in lines]
         pids = self.comm.allgather(os.getpid())
         # Watch peers for death only if their pids mean something here (same pid namespace).
         self._pids = pids if all(_alive(p) for p in pids) else None
@@ -192,9 +198,9 @@ class SlotTransport(Transport):
         self._one_shots = 0
         self._pairs = [0] * size  # pair checks made with each rank (`pair_inputs`)
         self._pending: Callable[[], None] | None = None  # the call's check, until made
-        # Per one-shot area, the typed views of its last input and their (size, dtype): a
+        # Per one-shot area, the shape and dtype of its last input and its typed views: a
         # run of small all-reduces of one kind makes them once.
-        self._areas: list[tuple[tuple[int, Any] | None, list[Any]]] = [(None, []), (None, [])]
+        self._areas: list[tuple[tuple[int, ...], Any, list[Any]]] = [((), None, [])] * 2
 
     def _check_room(self, nbytes: int) -> None:
         """Fail on every rank, before anything is allocated, if /dev/shm cannot hold the job."""
@@ -430,6 +436,8 @@ class SlotTransport(Transport):
 
         The areas alternate between turns. Reusing one is safe without asking: a peer
         publishes turn t-1 only after reading turn t-2, and we saw every peer's turn t-1.
+        Small calls come often, so this path is lean: the views of a run of inputs of one
+        shape are made once, and the call lines are compared as bytes.
         """
         self.memory.settle()  # the previous turn's reads of peers' areas are done
         nbytes = buf.nbytes
@@ -440,28 +448,45 @@ class SlotTransport(Transport):
         self._one_shots += 1
         turn = self._one_shots
         area = turn & 1
-        key, inputs = self._areas[area]
-        if key != (nbytes, buf.dtype):
+        shape, dtype, inputs = self._areas[area]
+        if dtype is not buf.dtype or shape != buf.shape:
             lo = SLOTS * self.slot_bytes + area * self._area_bytes
-            inputs = [d[lo:lo + nbytes].view(buf.dtype) for d in self._data]
-            self._areas[area] = ((nbytes, buf.dtype), inputs)
+            inputs = [d[lo:lo + nbytes].view(buf.dtype).reshape(buf.shape) for d in self._data]
+            self._areas[area] = (buf.shape, buf.dtype, inputs)
         if nbytes:
             self.memory.copy(inputs[self.rank], buf)
-        line = (*(call or (0,) * CALL_WORDS), nbytes)  # what the call line of our area says
-        offset = self._call_words[area] * 8
-        CALL_LINE.pack_into(self._ctl_bytes[self.rank], offset, *line)
-        self._own[PUBLISHED * WORDS] = turn  # last: the area and its line are now visible
-        if not self._everyone(PUBLISHED, turn):
-            self.wait(lambda: self._everyone(PUBLISHED, turn), None, "one-shot inputs",
-                      late=lambda: self._behind(PUBLISHED, turn))
-        lines = [CALL_LINE.unpack_from(ctl, offset) for ctl in self._ctl_bytes]
-        if lines.count(line) == self.size:
-            return inputs
+        # What the call line of our area says: the descriptor (zeros unchecked), the size.
+        line = CALL_LINE.pack(*(call or NO_CALL), nbytes)
+        mine, theirs = self._call_lines[area]
+        mine[:] = line
+        word = PUBLISHED * WORDS
+        self._own[word] = turn  # last: the area and its line are now visible
+        for ctl in self._ctl:  # a short spin first: a peer is most often about to publish
+            for _ in range(self.spin):
+                if ctl[word] >= turn:
+                    break
+            else:
+                self.wait(lambda: self._everyone(PUBLISHED, turn), None, "one-shot inputs",
+                          late=lambda: self._behind(PUBLISHED, turn))
+                break
+        for peer in theirs:
+            if peer != line:
+                self._differ(call, nbytes, self._call_lines[area])
+        return inputs
+
+    def _differ(self, call: tuple[int, ...] | None, nbytes: int,
+                area_lines: tuple[Any, list[Any]]) -> None:
+        """Raise what differs between the ranks' call lines of an area (ours, the peers'):
+        the call (CallsDiffer), else the size of the input."""
+        mine, theirs = area_lines
+        lines = [CALL_LINE.unpack(bytes(line)) for line in theirs]
+        lines.insert(self.rank, CALL_LINE.unpack(bytes(mine)))
         if call is not None:
             calls = [theirs[:CALL_WORDS] for theirs in lines]
             if calls.count(call) != self.size:
                 raise CallsDiffer(calls)
-        r, theirs = next((r, theirs) for r, theirs in enumerate(lines) if theirs != line)
+        r, theirs = next((r, theirs) for r, theirs in enumerate(lines)
+                         if theirs[CALL_WORDS] != nbytes)
         raise MismatchError(f"rank {self.rank} all-reduces {nbytes} bytes but rank {r} "
                             f"{theirs[CALL_WORDS]}"
                             + (f" during {self.where}" if self.where else ""))
@@ -503,6 +528,7 @@ class SlotTransport(Transport):
             # Drop our views; each mapping goes when its last view does (or at exit).
             self._ctl, self._own, self._data, self._slots, self._areas = [], None, [], [], []
             self._registered, self._registered_at, self._ctl_bytes = [], [], []
+            self._call_lines = []
             if not MPI.Is_finalized():
                 self.comm.Free()
         super().close()

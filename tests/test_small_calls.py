@@ -1,0 +1,78 @@
+"""The small-call lane (`Communicator._small_all_reduce`): a small blocking all-reduce of
+NumPy arrays skips the general path's machinery. It must be the same call in every way a user
+can see: the same result, bitwise, as the general path's one-shot all-reduce; the same bytes in
+`stats`; the same check, naming a mismatch on every rank; and every form it does not take (a
+strided input, a first call of its kind, a traced or queued call, a bad recvbuf) still works or
+fails as before, through the general path. (The lane takes the all-reduces that "auto" sends
+one-shot: the "one_shot" variant makes them so on every transport, threads too.)
+"""
+
+from __future__ import annotations
+
+import numpy
+import pytest
+
+import collectives
+from cases import assert_matches, reduce_reference, values
+
+SIZE = 3
+KINDS = [("float32", "sum"), ("float64", "avg"), ("int32", "max"), ("bool", "min"),
+         ("complex64", "prod"), ("float16", "sum"), ("uint8", "prod")]
+
+
+@pytest.mark.parametrize("dtype, op", KINDS)
+def test_the_lane_gives_the_general_paths_result_bitwise_and_counts_the_same(run, dtype, op):
+    results = run("small_call_case", SIZE, "one_shot", dtype=dtype, op=op)
+    mine = [values(r, 6, dtype).reshape(2, 3) for r in range(SIZE)]
+    want = reduce_reference(op, mine).astype(dtype)
+    first = results[0]["lane"][0]
+    for outcome in results:
+        lane, general = outcome["lane"], outcome["general"]
+        assert_matches(lane[0], want, dtype)
+        assert lane[0].tobytes() == general[0].tobytes() == first.tobytes()
+        assert lane[1:] == general[1:]  # bytes sent, received, messages
+        assert lane[1] == (SIZE - 1) * want.nbytes
+        for form in ("into", "in_place", "into_view"):
+            assert outcome[form].tobytes() == first.tobytes(), form
+        assert outcome["returned_into"]
+        assert_matches(outcome["scalar"], want[0, 0].reshape(()), dtype)
+        strided = reduce_reference(op, [values(r, 12, dtype).reshape(2, 6)[:, ::2]
+                                        for r in range(SIZE)]).astype(dtype)
+        assert_matches(outcome["strided"], strided, dtype)
+        # Only the named algorithm and the strided input took the general path.
+        assert outcome["general_path"] == ["one_shot", "auto"]
+
+
+def test_a_mismatch_in_the_lane_is_named_on_every_rank_and_the_communicator_goes_on(run):
+    want = reduce_reference("sum", [values(r, 4, "float64") for r in range(SIZE)])
+    for rank, outcome in enumerate(run("small_call_mismatch_case", SIZE, "one_shot")):
+        said = outcome["said"]
+        assert said is not None and said.startswith(f"MismatchError: rank {rank}: ranks "
+                                                    f"disagree"), said
+        assert "sum" in said and "max" in said, said
+        assert_matches(outcome["after"], want, "float64")
+
+
+def test_what_the_lane_does_not_take_still_works_or_fails_as_before():
+    def body(comm):
+        x = numpy.arange(4.0) + comm.rank
+        comm.all_reduce(x)
+        comm.all_reduce(x)  # the kind is known: the lane would take it
+        with comm.trace() as trace:
+            traced = comm.all_reduce(x)
+        queued = comm.all_reduce(x, async_op=True)
+        behind = comm.all_reduce(x)  # queued behind the async call
+        read_only = numpy.empty(4)
+        read_only.flags.writeable = False
+        with pytest.raises(collectives.InvalidArgumentError, match="read-only"):
+            comm.all_reduce(x, read_only)
+        for wrong in (numpy.empty(5), numpy.empty(4, numpy.float32)):
+            with pytest.raises(collectives.InvalidArgumentError, match="recvbuf must have"):
+                comm.all_reduce(x, wrong)
+        return ([name for _, name, _, _ in trace.calls], traced.tolist(),
+                queued.wait().tolist(), behind.tolist())
+
+    want = [6.0, 10.0, 14.0, 18.0]
+    for calls, *results in collectives.spawn(body, 4, one_shot_bytes=1 << 20):
+        assert calls == ["all_reduce #3"]
+        assert results == [want, want, want]
