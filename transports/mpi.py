@@ -220,13 +220,15 @@ class MPITransport(Transport):
             inputs = shot.kinds.get((host.shape, host.dtype)) or self._views_of(shot, host)
             inputs[self.rank][...] = host
         MPI.Prequest.Startall(shot.requests)
-        for _ in range(self.spin):  # a peer is most often about to send
-            if MPI.Request.Testall(shot.requests):
+        for request in shot.requests:  # a short spin first: a peer is most often about to send
+            for _ in range(self.spin):
+                if request.Test():  # (one request's Test costs a third of a Testall)
+                    break
+            else:
+                for peer, receive in zip(self._peers, self._landing.receives):
+                    self._wait_all([receive], peer, "a message")
+                self._wait_all(shot.sends, None, "its sends to complete")
                 break
-        else:
-            for peer, request in zip(self._peers, self._landing.receives):
-                self._wait_all([request], peer, "a message")
-            self._wait_all(shot.sends, None, "its sends to complete")
         for header in self._landing.headers:
             if header != line:
                 calls = [CALL.unpack(bytes(h)) for h in self._landing.headers]
