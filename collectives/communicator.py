@@ -239,10 +239,12 @@ class Communicator:
             if type(op) is str else None
         if known is None:
             known = self._small_call(op, sendbuf.dtype, sendbuf.size)
-        if (known is None or self._progress.outstanding or transport.trace is not None
-                or transport.on_transfer is not None or self._broken is not None
-                or transport.closed or not sendbuf.flags.c_contiguous):
+        if (known is None or transport.trace is not None or transport.on_transfer is not None
+                or self._broken is not None or transport.closed
+                or not sendbuf.flags.c_contiguous):
             return None
+        if self._progress.outstanding and not self._progress.on_thread():
+            return None  # its turn comes after the queued calls (on the progress thread, now)
         if recvbuf is not None and not _takes_result(recvbuf, sendbuf):
             return None
         ufunc, rest = known
