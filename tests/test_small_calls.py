@@ -9,11 +9,15 @@ one-shot: the "one_shot" variant makes them so on every transport, threads too.)
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy
 import pytest
 
 import collectives
 from cases import assert_matches, reduce_reference, values
+from launch import mpiexec
 
 SIZE = 3
 KINDS = [("float32", "sum"), ("float64", "avg"), ("int32", "max"), ("bool", "min"),
@@ -76,3 +80,29 @@ def test_what_the_lane_does_not_take_still_works_or_fails_as_before():
     for calls, *results in collectives.spawn(body, 4, one_shot_bytes=1 << 20):
         assert calls == ["all_reduce #3"]
         assert results == [want, want, want]
+
+
+def test_unchecked_small_inputs_of_different_sizes_are_named_on_every_rank(tmp_path):
+    """With the check off, the one-shot exchange still carries each input's size (shm in its
+    call line, mpi in its header), so the lane names inputs of different sizes on every rank
+    instead of reading past the shorter one."""
+    mpiexec(2, __file__, "unchecked", str(tmp_path), timeout=120)
+    for transport in ("shm", "mpi"):
+        for rank, (mine, theirs) in enumerate(((32, 40), (40, 32))):
+            said = (tmp_path / f"{transport}-{rank}.txt").read_text()
+            assert said.startswith(f"MismatchError: rank {rank} all-reduces {mine} bytes but "
+                                   f"rank {1 - rank} {theirs} during all_reduce #3"), said
+
+
+if __name__ == "__main__" and sys.argv[1] == "unchecked":
+    for transport in ("shm", "mpi"):
+        comm = collectives.init(transport, check=False)
+        comm.all_reduce(numpy.zeros(4))
+        comm.all_reduce(numpy.zeros(4))  # the kind is known: the lane takes the next call
+        try:
+            comm.all_reduce(numpy.zeros(4 + comm.rank))
+            said = "no error"
+        except collectives.MismatchError as error:
+            said = f"MismatchError: {error}"
+        Path(sys.argv[2], f"{transport}-{comm.rank}.txt").write_text(said)
+        comm.close()

@@ -26,11 +26,12 @@ from mpi4py import MPI
 from .base import CALL_WORDS, ReduceOp, Transport, segments
 from .bootstrap import duplicated, nodes, start
 from .cuda import copy_bytes, pinned_empty, use_gpu
-from .errors import CallsDiffer, InvalidArgumentError
+from .errors import CallsDiffer, InvalidArgumentError, MismatchError
 
 TAG = 17
-CALL = struct.Struct(f"{CALL_WORDS}Q")  # a call's descriptor, as 8-byte integers
-CALL_BYTES = CALL.size
+# A one-shot message's header: the call's descriptor, then the size of the input (8-byte words).
+HEADER = struct.Struct(f"{CALL_WORDS + 1}Q")
+NO_CALL = (0,) * CALL_WORDS  # the descriptor of an exchange that checks no call
 KEPT_SIZES = 8  # one-shot packet sizes whose persistent sends are kept
 
 
@@ -67,10 +68,10 @@ class _Landing:
     `all_inputs` promises."""
 
     def __init__(self, comm: MPI.Comm, rank: int, peers: list[int], one_shot_bytes: int) -> None:
-        room = CALL_BYTES + one_shot_bytes
+        room = HEADER.size + one_shot_bytes
         self.buffers = [numpy.empty(0 if r == rank else room, numpy.uint8)
                         for r in range(comm.Get_size())]
-        self.headers = [memoryview(self.buffers[r])[:CALL_BYTES] for r in peers]
+        self.headers = [memoryview(self.buffers[r])[:HEADER.size] for r in peers]
         self.receives = [comm.Recv_init(_bytes(self.buffers[r]), r, TAG) for r in peers]
 
 
@@ -81,7 +82,7 @@ class _Shot:
     def __init__(self, comm: MPI.Comm, peers: list[int], nbytes: int,
                  receives: list[MPI.Prequest]) -> None:
         self.packet = numpy.empty(nbytes, numpy.uint8)
-        self.header = memoryview(self.packet)[:CALL_BYTES]
+        self.header = memoryview(self.packet)[:HEADER.size]
         self.sends = [comm.Send_init(_bytes(self.packet), r, TAG) for r in peers]
         self.requests = receives + self.sends  # what one Startall starts
         self.kinds: dict[tuple, list[Any]] = {}
@@ -202,18 +203,18 @@ class MPITransport(Transport):
                     op(inbuf[lo:hi], scratch, out=recvbuf[lo:hi])
 
     def _all_inputs(self, buf: Any, call: tuple[int, ...] | None) -> list[Any]:
-        """With a call to check, one message per peer carries the descriptor and, when the data
-        is small (up to `one_shot_bytes`), the data too: a small call checks itself in the
-        exchange that moves it. Each receive has room for the largest such message, so a peer
-        whose call differs cannot overrun it. Small calls come often, so the path is lean:
-        buffers, requests and views are made once per size and kind, and the descriptors are
-        compared as bytes."""
-        if call is None:
-            return self._exchange(buf)
+        """One message per peer carries a header, the call's descriptor (zeros when no call is
+        checked) and the size of the input, and, when the input is small (up to
+        `one_shot_bytes`), the input too: a small call checks itself in the exchange that moves
+        it. Each receive has room for the largest such message, so a peer whose call differs
+        cannot overrun it. Small calls come often, so the path is lean: buffers, requests and
+        views are made once per size and kind, and the headers are compared as bytes."""
         host = buf if self.xp is numpy else buf.get()
         with_data = host.nbytes <= self.one_shot_bytes
-        shot = self._outgoing(CALL_BYTES + (host.nbytes if with_data else 0))
-        line = CALL.pack(*call)
+        if call is None and not with_data:
+            return self._exchange(buf)
+        shot = self._outgoing(HEADER.size + (host.nbytes if with_data else 0))
+        line = HEADER.pack(*(call or NO_CALL), host.nbytes)
         shot.header[:] = line
         inputs = None
         if with_data:
@@ -231,12 +232,24 @@ class MPITransport(Transport):
                 break
         for header in self._landing.headers:
             if header != line:
-                calls = [CALL.unpack(bytes(h)) for h in self._landing.headers]
-                calls.insert(self.rank, call)
-                raise CallsDiffer(calls)
+                self._differ(call, host.nbytes)
         if inputs is None:
             return self._exchange(buf)
         return inputs if self.xp is numpy else [self.xp.asarray(i) for i in inputs]
+
+    def _differ(self, call: tuple[int, ...] | None, nbytes: int) -> None:
+        """Raise what differs between the ranks' headers: the call (CallsDiffer), else the
+        size of the input."""
+        lines = [HEADER.unpack(bytes(h)) for h in self._landing.headers]
+        lines.insert(self.rank, (*(call or NO_CALL), nbytes))
+        if call is not None:
+            calls = [line[:CALL_WORDS] for line in lines]
+            if calls.count(call) != self.size:
+                raise CallsDiffer(calls)
+        r, theirs = next((r, line) for r, line in enumerate(lines) if line[CALL_WORDS] != nbytes)
+        raise MismatchError(f"rank {self.rank} all-reduces {nbytes} bytes but rank {r} "
+                            f"{theirs[CALL_WORDS]}"
+                            + (f" during {self.where}" if self.where else ""))
 
     def _views_of(self, shot: _Shot, host: numpy.ndarray) -> list[Any]:
         """Every rank's input of `host`'s kind within the one-shot packets: this rank's in
@@ -244,8 +257,8 @@ class MPITransport(Transport):
         is mostly of a few)."""
         if len(shot.kinds) >= KEPT_SIZES:
             shot.kinds.clear()
-        views = [b[CALL_BYTES:CALL_BYTES + host.nbytes] for b in self._landing.buffers]
-        views[self.rank] = shot.packet[CALL_BYTES:]
+        views = [b[HEADER.size:HEADER.size + host.nbytes] for b in self._landing.buffers]
+        views[self.rank] = shot.packet[HEADER.size:]
         inputs = shot.kinds[(host.shape, host.dtype)] = [
             v.view(host.dtype).reshape(host.shape) for v in views]
         return inputs
