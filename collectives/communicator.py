@@ -19,8 +19,7 @@ from typing import Any, Callable, Iterator
 import numpy
 
 from transports.base import Stats, Transport
-from transports.errors import (CallsDiffer, CollectiveError, InvalidArgumentError,
-                               InvalidTypeError, MismatchError)
+from transports.errors import CollectiveError, InvalidArgumentError, InvalidTypeError
 
 from .all_gather import ring_all_gather
 from .all_reduce import auto_algorithm, one_shot_all_reduce, ring_all_reduce
@@ -40,6 +39,7 @@ from .reduce import reduce_to_root
 from .reduce_scatter import ring_reduce_scatter
 from .scan import recursive_doubling_scan
 from .scatter import scatter_from_root
+from .small import small_all_reduce
 from .timeline import Trace, record_span, write_timeline
 from .work import Progress, Work
 
@@ -84,10 +84,11 @@ class Communicator:
         self._messages = Messages(transport.rank, transport.size)  # point to point, numbered
         self._progress = Progress(f"ringcc-progress-rank-{transport.rank}",
                                   current_device(transport.xp))
-        # All-reduces up to this size may take the small-call lane (`_small_all_reduce`).
+        # All-reduces up to this size may take the small-call lane (small.py), which keeps
+        # what it knows of each kind of call it has seen.
         self._small_bytes = transport.one_shot_bytes \
             if transport.xp is numpy and transport.size > 1 else 0
-        self._small_calls: dict[tuple, tuple[Any, tuple]] = {}  # see `_small_call`
+        self._small_calls: dict[tuple, tuple[Any, tuple]] = {}
         if trace:
             transport.trace = Trace()
 
@@ -214,71 +215,11 @@ class Communicator:
         With `async_op=True` it returns a `Work` (see the class).
         """
         if (algorithm == "auto" and not async_op and type(sendbuf) is numpy.ndarray
-                and 0 < sendbuf.nbytes <= self._small_bytes):
-            result = self._small_all_reduce(sendbuf, recvbuf, op)
+                and 0 < sendbuf.nbytes <= self._small_bytes):  # perhaps the lane (small.py)
+            result = small_all_reduce(self, sendbuf, recvbuf, op)
             if result is not None:
                 return result
         return self._all_reduce(sendbuf, recvbuf, op, algorithm, async_op=async_op)
-
-    def _small_all_reduce(self, sendbuf: numpy.ndarray, recvbuf: Any | None,
-                          op: str) -> numpy.ndarray | None:
-        """The small-call lane: a blocking one-shot all-reduce of contiguous NumPy arrays, or
-        None when the call needs the general path (`_all_reduce`).
-
-        A small all-reduce (a loss, a flag, a metric) is mostly overhead: the general path's
-        turn-taking, tensor conversion, flattening and result copy cost far more than moving
-        a few bytes. This lane does only what such a call needs, and the same as the general
-        path does for it: one numbered, checked `all_inputs` (the descriptor travels with the
-        data), then the reduction in rank order, so its result is bitwise the general path's.
-        Anything unusual (queued calls, tracing, an op or dtype not seen before, a recvbuf
-        that is not a plain contiguous array of the same kind, overlap) takes the general
-        path, which also raises the errors.
-        """
-        transport = self._transport
-        known = self._small_calls.get((op, sendbuf.dtype, sendbuf.size)) \
-            if type(op) is str else None
-        if known is None:
-            known = self._small_call(op, sendbuf.dtype, sendbuf.size)
-        if (known is None or transport.trace is not None or transport.on_transfer is not None
-                or self._broken is not None or transport.closed
-                or not sendbuf.flags.c_contiguous):
-            return None
-        if self._progress.outstanding and not self._progress.on_thread():
-            return None  # its turn comes after the queued calls (on the progress thread, now)
-        if recvbuf is not None and not _takes_result(recvbuf, sendbuf):
-            return None
-        ufunc, rest = known
-        self._calls += 1
-        transport.begin(f"all_reduce #{self._calls}",
-                        (self._calls, *rest) if self._checking else None, "one-shot")
-        try:
-            inputs = transport.all_inputs(sendbuf)
-        except CallsDiffer as differ:  # every rank raises it, and every message has landed
-            raise MismatchError(self._disagreement(differ.calls)) from None
-        except BaseException as error:
-            self._break(error)
-            raise
-        if recvbuf is None and sendbuf.ndim == 0:  # a ufunc makes a 0-d result a scalar
-            recvbuf = numpy.empty((), sendbuf.dtype)
-        recvbuf = ufunc(inputs[0], inputs[1], out=recvbuf)  # recvbuf None: a new array
-        for later in inputs[2:]:
-            ufunc(recvbuf, later, out=recvbuf)
-        if op == "avg":
-            numpy.true_divide(recvbuf, self.size, out=recvbuf)
-        return recvbuf
-
-    def _small_call(self, op: Any, dtype: Any, count: int) -> tuple[Any, tuple] | None:
-        """What the lane keeps of an all-reduce of `count` elements (its ufunc, and its
-        descriptor but its number), once the general path has resolved the op for the dtype;
-        None before."""
-        ufunc = self._ufuncs.get((op, dtype)) if type(op) is str else None
-        if ufunc is None:
-            return None
-        if len(self._small_calls) >= 64:  # a few kinds recur; many sizes mean a sweep
-            self._small_calls.clear()
-        known = self._small_calls[(op, dtype, count)] = (
-            ufunc, self._descriptor("all_reduce", count, dtype, op))
-        return known
 
     @collective
     def _all_reduce(self, sendbuf: Any, recvbuf: Any | None = None, op: str = "sum",
@@ -695,17 +636,3 @@ class Communicator:
         ufunc = self._ufuncs[(op, dtype)] = resolve_op(op, dtype, self._transport.xp)
         return ufunc
 
-
-def _takes_result(recvbuf: Any, sendbuf: numpy.ndarray) -> bool:
-    """Whether `recvbuf` takes a small all-reduce's result as it is: `sendbuf` itself, or a
-    contiguous NumPy array of its shape and dtype apart from it; writeable either way. (Two
-    arrays that each own their memory, base None, cannot overlap: the common case, answered
-    without may_share_memory, which costs a small call half a microsecond.)"""
-    if recvbuf is sendbuf:
-        return sendbuf.flags.writeable
-    if type(recvbuf) is not numpy.ndarray or recvbuf.dtype is not sendbuf.dtype:
-        return False  # (a dtype equal but not the same object is left to the general path)
-    flags = recvbuf.flags
-    return (flags.c_contiguous and flags.writeable and recvbuf.shape == sendbuf.shape
-            and ((recvbuf.base is None and sendbuf.base is None)
-                 or not numpy.may_share_memory(recvbuf, sendbuf)))

@@ -324,7 +324,7 @@ def async_mismatch_case(comm: Any) -> dict:
 def small_call_case(comm: Any, dtype: str, op: str) -> dict:
     """Small all-reduces of one kind in every form a call takes, once the kind is known, and
     which of them took the general path (`_all_reduce`) instead of the small-call lane
-    (`Communicator._small_all_reduce`); also what the lane and the general one-shot count in
+    (collectives/small.py); also what the lane and the general one-shot count in
     `stats`."""
     mine = values(comm.rank, 6, dtype).reshape(2, 3)
     comm.all_reduce(mine, op=op)  # the first call of a kind resolves its op: general path

@@ -1,5 +1,5 @@
-"""The small-call lane (`Communicator._small_all_reduce`): a small blocking all-reduce of
-NumPy arrays skips the general path's machinery. It must be the same call in every way a user
+"""The small-call lane (collectives/small.py): a small blocking all-reduce of NumPy arrays
+skips the general path's machinery. It must be the same call in every way a user
 can see: the same result, bitwise, as the general path's one-shot all-reduce; the same bytes in
 `stats`; the same check, naming a mismatch on every rank; and every form it does not take (a
 strided input, a first call of its kind, a traced or queued call, a bad recvbuf) still works or

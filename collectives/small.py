@@ -1,0 +1,101 @@
+"""The small-call lane: a small blocking all-reduce of NumPy arrays, with nothing else.
+
+A small all-reduce (a loss, a metric, a flag, a small gradient bucket) moves a few bytes, so
+its cost is all overhead. The general path (`Communicator._all_reduce`, through the
+`collective` decorator of calls.py) pays for everything any call might need: its turn on the
+progress thread, torch tensors, any layout, any algorithm, tracing. It costs several times
+what the exchange itself does.
+
+So `Communicator.all_reduce` first offers a call to this lane, which takes it when it is the
+common case: blocking, of a contiguous NumPy array no larger than the transport's
+`one_shot_bytes`, with an op already resolved for that dtype, nothing queued, not traced. It
+then does what the general path would do for that call, and only that:
+
+1. number the call and name it (`transport.begin`), with its descriptor when checking;
+2. one `transport.all_inputs`, whose exchange carries the descriptor along with the data, so
+   the check costs no exchange of its own and a mismatch still raises on every rank;
+3. reduce every rank's input in rank order (((x0 op x1) op x2) ...), so the result is
+   bitwise the general path's one-shot result, on every rank.
+
+What it keeps per kind of call (op, dtype, count) is the ufunc and the descriptor but its
+number, so a run of calls of one kind looks them up once. Anything else (a strided array, a
+recvbuf of another shape, a first call of its kind, an async call) goes the general path,
+which also raises the errors: the lane never decides what is wrong, only what is plain.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy
+
+from transports.errors import CallsDiffer, MismatchError
+
+KINDS_KEPT = 64  # kinds of call remembered; more means a sweep of sizes, so start again
+
+
+def small_all_reduce(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None,
+                     op: str) -> numpy.ndarray | None:
+    """`comm.all_reduce(sendbuf, recvbuf, op)` by the lane, or None when the call needs the
+    general path. The caller has seen that sendbuf is a NumPy array of at most
+    `comm._small_bytes`, more than zero."""
+    transport = comm._transport
+    kind = comm._small_calls.get((op, sendbuf.dtype, sendbuf.size)) \
+        if type(op) is str else None
+    if kind is None:
+        kind = _learn(comm, op, sendbuf.dtype, sendbuf.size)
+    if (kind is None or transport.trace is not None or transport.on_transfer is not None
+            or comm._broken is not None or transport.closed or not sendbuf.flags.c_contiguous):
+        return None
+    if comm._progress.outstanding and not comm._progress.on_thread():
+        return None  # its turn comes after the queued calls (on the progress thread: now)
+    if recvbuf is not None and not _takes_result(recvbuf, sendbuf):
+        return None
+    ufunc, rest = kind
+    comm._calls += 1
+    transport.begin(f"all_reduce #{comm._calls}",
+                    (comm._calls, *rest) if comm._checking else None, "one-shot")
+    try:
+        inputs = transport.all_inputs(sendbuf)
+    except CallsDiffer as differ:  # every rank raises it, and every message has landed
+        raise MismatchError(comm._disagreement(differ.calls)) from None
+    except BaseException as error:  # messages may be in flight: no more calls
+        comm._break(error)
+        raise
+    if recvbuf is None and sendbuf.ndim == 0:  # a ufunc makes a 0-d result a scalar
+        recvbuf = numpy.empty((), sendbuf.dtype)
+    recvbuf = ufunc(inputs[0], inputs[1], out=recvbuf)  # recvbuf None: a new array
+    for later in inputs[2:]:
+        ufunc(recvbuf, later, out=recvbuf)
+    if op == "avg":
+        numpy.true_divide(recvbuf, comm.size, out=recvbuf)
+    return recvbuf
+
+
+def _learn(comm: Any, op: Any, dtype: Any, count: int) -> tuple[Any, tuple] | None:
+    """What the lane keeps of an all-reduce of `count` elements: its ufunc, and its descriptor
+    but its number. None until the general path has resolved the op for the dtype (and so
+    raised, for an op the dtype lacks)."""
+    ufunc = comm._ufuncs.get((op, dtype)) if type(op) is str else None
+    if ufunc is None:
+        return None
+    if len(comm._small_calls) >= KINDS_KEPT:
+        comm._small_calls.clear()
+    kind = comm._small_calls[(op, dtype, count)] = (
+        ufunc, comm._descriptor("all_reduce", count, dtype, op))
+    return kind
+
+
+def _takes_result(recvbuf: Any, sendbuf: numpy.ndarray) -> bool:
+    """Whether `recvbuf` takes the result as it is: `sendbuf` itself, or a contiguous NumPy
+    array of its shape and dtype apart from it; writeable either way. (Two arrays that each
+    own their memory, base None, cannot overlap: the common case, answered without
+    may_share_memory, which costs a small call half a microsecond.)"""
+    if recvbuf is sendbuf:
+        return sendbuf.flags.writeable
+    if type(recvbuf) is not numpy.ndarray or recvbuf.dtype is not sendbuf.dtype:
+        return False  # (a dtype equal but not the same object is left to the general path)
+    flags = recvbuf.flags
+    return (flags.c_contiguous and flags.writeable and recvbuf.shape == sendbuf.shape
+            and ((recvbuf.base is None and sendbuf.base is None)
+                 or not numpy.may_share_memory(recvbuf, sendbuf)))
