@@ -10,7 +10,8 @@ MismatchError, instead of waiting for blocks of other sizes than those that come
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Sequence
 
 import numpy
 
@@ -19,7 +20,8 @@ from transports.errors import InvalidArgumentError
 from .arguments import check_blocks
 from .chunking import count_bounds
 
-Bounds = list[tuple[int, int]]  # block r's [lo, hi) in a flat buffer, for each rank r
+# Block r's [lo, hi) in a flat buffer, for each rank r (read only: `equal` shares its answers).
+Bounds = Sequence[tuple[int, int]]
 
 
 def check_counts(counts: Any, size: int) -> tuple[int, ...]:
@@ -40,9 +42,12 @@ def check_size(collective: str, buf: Any, count: int) -> None:
                                    f"elements; got {buf.size}")
 
 
+@functools.lru_cache(maxsize=64)
 def equal(block: int, size: int) -> Bounds:
-    """The bounds of `size` blocks of `block` elements each."""
-    return [(r * block, (r + 1) * block) for r in range(size)]
+    """The bounds of `size` blocks of `block` elements each (remembered: a run of calls of
+    one kind asks for the same ones, and making them costs a small call most of a
+    microsecond)."""
+    return tuple((r * block, (r + 1) * block) for r in range(size))
 
 
 def gathered(collective: str, counts: Any | None, sendbuf: Any, size: int,
