@@ -79,7 +79,8 @@ def main(collective: Collective, argv: list[str] | None = None) -> int:
                 "host": ",".join(sorted({host for _, host in ranks_at or []})),
                 "versions": versions(impls), "dtype": args.datatype,
                 "op": args.op if collective.reduces else "none", "root": root,
-                "iters": args.iters, "warmup": args.warmup_iters, "check": bool(args.check),
+                "iters": args.iters, "warmup": args.warmup_iters, "warmup_ms": args.warmup_ms,
+                "check": bool(args.check),
                 "registered": bool(args.registered),
                 "impls": [impl.name for impl in impls],
                 "command": f"mpiexec -n {ranks} python -m benchmarks.{collective.name} "

@@ -5,12 +5,13 @@ rank must hold comes from a NumPy reference (`reduce_ranks` for the reductions).
 timed, an implementation makes one call into a poisoned result buffer and the wrong elements are
 counted over ranks: the #wrong column.
 
-time:  mean per call over -n iterations (after -w warm-up ones), the slowest rank's. Every
-       implementation is checked and warmed up on a size's buffers before any is timed, and
-       before the first size each makes -w calls at the largest size and the smallest, as
-       nccl-tests does: otherwise the cold start (the job's, and each size's fresh buffers:
-       pages mapped on first touch, the interpreter and the machine warming up) falls on
-       whichever is timed first.
+time:  mean per call over -n iterations, the slowest rank's. Every implementation is checked
+       and warmed up (-w calls) on a size's buffers before any is timed, and before the first
+       size each makes -w calls at the largest size and the smallest, as nccl-tests does:
+       otherwise the cold start (the job's, and each size's fresh buffers: pages mapped on
+       first touch, the interpreter and the machine warming up) falls on whichever is timed
+       first. Right before its timed loop, each calls on for --warmup-ms (`warm_clock`), so
+       that its cores run at their working clock.
 algbw: bytes / time.
 busbw: algbw * the collective's factor (all-reduce 2(n-1)/n, ...): what each rank's link
        carries, so it can be held against the link's bandwidth whatever the collective and
@@ -181,9 +182,10 @@ def prepare(impl: Impl, collective: Collective, send: numpy.ndarray, recv: numpy
 
 def time_calls(call: Callable[[], None], impl: Impl, args: argparse.Namespace,
                world: MPI.Comm) -> float:
-    """Mean us per call over -n iterations, the slowest rank's."""
+    """Mean us per call over -n iterations, the slowest rank's, right after `warm_clock`."""
     from mpi4py import MPI
 
+    warm_clock(call, impl, args, world)
     settle(world.Ibarrier())
     start = time.perf_counter()
     for _ in range(args.iters):
@@ -191,6 +193,29 @@ def time_calls(call: Callable[[], None], impl: Impl, args: argparse.Namespace,
     device.synchronize(impl.xp)
     elapsed = (time.perf_counter() - start) / args.iters
     return reduce_scalar(world, elapsed, MPI.MAX) * 1e6
+
+
+def warm_clock(call: Callable[[], None], impl: Impl, args: argparse.Namespace,
+               world: MPI.Comm) -> None:
+    """Call on until every rank has spent --warmup-ms in calls, right before they are timed.
+
+    A core that has been waiting (in the previous implementation's MPI, or idle) runs at a
+    lower clock for its first milliseconds of work. Measured on the 2-core build machine: a
+    1 MiB memcpy took 70-79 us for its first 20 calls after 50 ms idle, then 45 us, and ringcc's
+    1 MiB sendrecv took about 220 us for 6 calls after MPICH's timed loop, then 160, then
+    125-135. -n 20 calls of a megabyte last a few milliseconds: without this, they would time
+    the ramp, and whichever implementation runs after a more restful one would pay for it.
+    Every rank makes the same number of calls: they agree after each whether to go on."""
+    from mpi4py import MPI
+
+    if args.warmup_ms <= 0:
+        return
+    start = time.perf_counter()
+    while True:
+        call()
+        if reduce_scalar(world, time.perf_counter() - start, MPI.MIN) * 1e3 >= args.warmup_ms:
+            break
+    device.synchronize(impl.xp)
 
 
 def warm_up(collective: Collective, impls: list[Impl], counts: list[int], dtype: str, op: str,

@@ -122,6 +122,10 @@ def parse_args(collective: Collective, argv: list[str] | None = None) -> argpars
     parser.add_argument("-n", "--iters", type=int, default=20, help="timed iterations (20)")
     parser.add_argument("-w", "--warmup_iters", type=int, default=5,
                         help="untimed iterations first (5)")
+    parser.add_argument("--warmup-ms", type=float, default=20.0,
+                        help="before each timed loop, call on until every rank has spent "
+                             "this long in it (20): a core that has been waiting or idle "
+                             "runs at a lower clock for its first milliseconds of work")
     parser.add_argument("-c", "--check", type=int, choices=(0, 1), default=1,
                         help="check every size against a NumPy reference first (1)")
     parser.add_argument("-o", "--op", choices=(*collectives.OPS, "all"), default="sum",
@@ -151,8 +155,8 @@ def parse_args(collective: Collective, argv: list[str] | None = None) -> argpars
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
     parser.add_argument("--csv", metavar="FILE", help="write the rows as CSV")
     args = parser.parse_args(argv)
-    if args.iters < 1 or args.warmup_iters < 0:
-        parser.error("-n must be at least 1 and -w at least 0")
+    if args.iters < 1 or args.warmup_iters < 0 or args.warmup_ms < 0:
+        parser.error("-n must be at least 1, and -w and --warmup-ms at least 0")
     args.device = args.device or ("cuda" if "cuda_ipc" in args.transport else "cpu")
     if "memory" in args.compare and args.device != "cpu":
         parser.error("--compare memory times host memory: with --device cuda, "

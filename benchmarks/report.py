@@ -63,8 +63,8 @@ def header(collective: Collective, args: argparse.Namespace, impls: list[Impl],
         + "".join(f", {impl.name}" for impl in impls[1:]),
         "# versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()),
         f"# minBytes {args.minbytes} maxBytes {args.maxbytes} step: {args.stepfactor}(factor) "
-        f"warmup iters: {args.warmup_iters} iters: {args.iters} validation: {args.check} "
-        f"registered: {args.registered}",
+        f"warmup iters: {args.warmup_iters} warmup ms: {args.warmup_ms:g} iters: {args.iters} "
+        f"validation: {args.check} registered: {args.registered}",
         "# time: mean per call over the timed iterations, slowest rank (max over ranks)",
     ]
     if peers:

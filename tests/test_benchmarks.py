@@ -7,6 +7,7 @@ import argparse
 import csv
 import json
 import textwrap
+import time
 
 import numpy
 import pytest
@@ -22,7 +23,7 @@ from launch import mpiexec
 
 COLLECTIVES = [ALL_REDUCE, ALL_GATHER, BROADCAST, SCATTER, REDUCE_SCATTER]
 SCHEMA_META = {"collective", "ranks", "host", "versions", "dtype", "op", "root", "iters",
-               "warmup", "command"}
+               "warmup", "warmup_ms", "command"}
 SCHEMA_ROW = ["impl", "collective", "ranks", "bytes", "count", "dtype", "op", "root", "time_us",
               "algbw_GBps", "busbw_GBps", "wrong"]
 
@@ -66,13 +67,15 @@ def test_options_in_nccl_tests_spelling():
     assert (args.json, args.csv) == ("out.json", "out.csv")
     assert options.cases(ALL_REDUCE, args) == ([("float64", "max")], [])
     defaults = options.parse_args(ALL_REDUCE, [])
-    assert (defaults.sizes, defaults.iters, defaults.warmup_iters, defaults.check) == \
-        ([32 << 20], 20, 5, 1)
+    assert (defaults.sizes, defaults.iters, defaults.warmup_iters, defaults.check,
+            defaults.warmup_ms) == ([32 << 20], 20, 5, 1, 20.0)
+    assert options.parse_args(ALL_REDUCE, ["--warmup-ms", "0"]).warmup_ms == 0
     assert defaults.transport == ["auto"] and defaults.compare == [] and defaults.registered == 0
 
 
 @pytest.mark.parametrize("argv", [["--compare", "nccl"], ["-f", "1", "-b", "8", "-e", "64"],
-                                  ["-n", "0"], ["-d", "bfloat16"], ["-o", "xor"], ["-c", "2"],
+                                  ["-n", "0"], ["--warmup-ms", "-1"], ["-d", "bfloat16"],
+                                  ["-o", "xor"], ["-c", "2"],
                                   ["--registered", "2"],
                                   ["--compare", "memory", "--device", "cuda"],
                                   ["--transport", "cuda_ipc", "--compare", "mpi,memory"]])
@@ -159,6 +162,22 @@ def test_check_allows_rounding_and_counts_every_wrong_element(dtype):
     result[[3, 100, 4999]] += 0.5
     result[7] = numpy.nan
     assert measure.count_wrong(result, expected, ranks) == 4
+
+
+def test_the_clock_warm_up_calls_on_for_its_milliseconds_and_stops():
+    from mpi4py import MPI
+    calls = []
+
+    def call() -> None:
+        calls.append(time.perf_counter())
+
+    impl = peers.Impl(name="probe", comm=None)
+    start = time.perf_counter()
+    measure.warm_clock(call, impl, argparse.Namespace(warmup_ms=5.0), MPI.COMM_SELF)
+    assert calls and time.perf_counter() - start >= 0.005  # not back before 5 ms have passed
+    calls.clear()
+    measure.warm_clock(call, impl, argparse.Namespace(warmup_ms=0.0), MPI.COMM_SELF)
+    assert calls == []
 
 
 def test_check_is_exact_for_integers():
@@ -299,7 +318,7 @@ def test_the_torch_peers_are_skipped_by_name_without_torch(tmp_path):
         sys.exit(main(ALL_REDUCE, sys.argv[1:]))
     """))
     result = mpiexec(2, str(script), "-b", "64", "-e", "64", "-n", "1", "-w", "0",
-                     "--transport", "mpi", "--compare", "torch-ringcc,gloo",
+                     "--warmup-ms", "0", "--transport", "mpi", "--compare", "torch-ringcc,gloo",
                      "--json", str(tmp_path / "r.json"), timeout=120)
     for peer in ("torch-ringcc", "gloo"):
         assert f"# {peer}: torch is not installed here (pip install torch); the {peer} peer " \
@@ -371,7 +390,8 @@ def check_every_dtype_and_op(tmp_path, collectives_: list, transports: list[str]
         for name in {names!r}:
             collective = getattr(importlib.import_module("benchmarks." + name), name.upper())
             status |= main(collective, ["-b", "{smallest}", "-e", "1K", "-f", "64", "-n", "1",
-                                        "-w", "0", "-d", "all", "-o", "all", "-r", "1",
+                                        "-w", "0", "--warmup-ms", "0", "-d", "all",
+                                        "-o", "all", "-r", "1",
                                         "--transport", "{','.join(transports)}",
                                         "--compare", "mpi,gloo,torch-ringcc",
                                         "--json", rf"{tmp_path}/" + name + ".json"])
@@ -410,6 +430,7 @@ def test_a_broken_collective_is_caught(tmp_path):
         sys.exit(main(dataclasses.replace(ALL_REDUCE, run=run), sys.argv[1:]))
     """))
     result = mpiexec(2, str(script), "-b", "64", "-e", "1K", "-f", "4", "-n", "1", "-w", "0",
+                     "--warmup-ms", "0",
                      "--transport", "mpi", "--compare", "mpi", "--json",
                      str(tmp_path / "r.json"), check=False, timeout=120)
     assert result.returncode == 1, result.stdout + result.stderr
