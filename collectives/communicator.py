@@ -89,8 +89,24 @@ class Communicator:
         self._small_bytes = transport.one_shot_bytes \
             if transport.xp is numpy and transport.size > 1 else 0
         self._small_calls: dict[tuple, tuple[Any, tuple]] = {}
+        if transport.size > 1:
+            self._agree_on_checking()
         if trace:
             transport.trace = Trace()
+
+    def _agree_on_checking(self) -> None:
+        """Refuse, on every rank, ranks that differ on the call check (`check=`,
+        `$RINGCC_CHECK`): a checking rank would make exchanges the others never join. One
+        uncounted exchange of a flag, when the communicator is made. Collective."""
+        xp = self._transport.xp
+        said = self._transport.all_inputs(xp.array([self._checking], xp.uint8), counted=False)
+        checking = [bool(int(flag[0])) for flag in said]
+        if len(set(checking)) > 1:
+            self._transport.close()
+            raise InvalidArgumentError(
+                "the call check must be on on every rank or off on every rank (check=, "
+                "$RINGCC_CHECK); got, by rank: "
+                + ", ".join(f"{r}: {'on' if on else 'off'}" for r, on in enumerate(checking)))
 
     # ---- who we are ----------------------------------------------------------------------
 

@@ -94,6 +94,29 @@ def test_unchecked_small_inputs_of_different_sizes_are_named_on_every_rank(tmp_p
                                    f"rank {1 - rank} {theirs} during all_reduce #3"), said
 
 
+def test_ranks_that_differ_on_the_check_are_refused_on_every_rank(tmp_path):
+    """A checking rank would make exchanges that an unchecking one never joins: the
+    communicator is refused when it is made, on every rank, naming each rank's setting."""
+    mpiexec(2, __file__, "mixed", str(tmp_path), timeout=120)
+    for transport in ("shm", "mpi"):
+        for rank in range(2):
+            said = (tmp_path / f"{transport}-{rank}.txt").read_text()
+            assert said == ("InvalidArgumentError: the call check must be on on every rank or "
+                            "off on every rank (check=, $RINGCC_CHECK); got, by rank: 0: on, "
+                            "1: off"), said
+
+
+if __name__ == "__main__" and sys.argv[1] == "mixed":
+    from mpi4py import MPI
+
+    for transport in ("shm", "mpi"):
+        try:
+            collectives.init(transport, check=MPI.COMM_WORLD.Get_rank() == 0).close()
+            said = "no error"
+        except collectives.InvalidArgumentError as error:
+            said = f"InvalidArgumentError: {error}"
+        Path(sys.argv[2], f"{transport}-{MPI.COMM_WORLD.Get_rank()}.txt").write_text(said)
+
 if __name__ == "__main__" and sys.argv[1] == "unchecked":
     for transport in ("shm", "mpi"):
         comm = collectives.init(transport, check=False)
