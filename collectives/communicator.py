@@ -21,7 +21,7 @@ import numpy
 from transports.base import Stats, Transport
 from transports.errors import CollectiveError, InvalidArgumentError, InvalidTypeError
 
-from .all_gather import ring_all_gather
+from .all_gather import one_shot_all_gather, ring_all_gather
 from .all_reduce import auto_algorithm, one_shot_all_reduce, ring_all_reduce
 from .all_to_all import pairwise_all_to_all
 from .arguments import check_buffers, check_root, check_writeable, output
@@ -280,10 +280,15 @@ class Communicator:
         counts, bounds, shape = gathered("all_gather", counts, sendbuf, self.size, self.rank)
         recvbuf = output(recvbuf, shape, sendbuf.dtype, xp)
         work, copied = flat_work(recvbuf, xp)
-        work[slice(*bounds[self.rank])] = sendbuf.reshape(-1)
-        self._begin("all_gather", bounds[-1][1] if counts else sendbuf.size, sendbuf.dtype,
-                    counts=counts)
-        ring_all_gather(self._transport, work, bounds)
+        if counts is None and 0 < sendbuf.nbytes <= self._transport.one_shot_bytes:
+            # Small equal blocks: one exchange, which carries the call check along.
+            self._begin("all_gather", sendbuf.size, sendbuf.dtype, folded=True)
+            one_shot_all_gather(self._transport, flat_work(sendbuf, xp)[0], work, bounds)
+        else:
+            work[slice(*bounds[self.rank])] = sendbuf.reshape(-1)
+            self._begin("all_gather", bounds[-1][1] if counts else sendbuf.size, sendbuf.dtype,
+                        counts=counts)
+            ring_all_gather(self._transport, work, bounds)
         if copied:
             recvbuf[...] = work.reshape(recvbuf.shape)
         return recvbuf
