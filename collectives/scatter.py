@@ -10,6 +10,7 @@ way, each with its own header.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from typing import Any, Callable
@@ -22,17 +23,31 @@ HEADER_BYTES = 1024
 
 
 def _header(shape: tuple[int, ...], dtype: Any) -> numpy.ndarray:
-    text = json.dumps({"shape": list(shape), "dtype": numpy.dtype(dtype).str}).encode()
+    """The header that describes a block (read only: `_described` shares it)."""
+    return _described(tuple(shape), numpy.dtype(dtype).str)
+
+
+# Remembered both ways: a run of scatters of one kind describes and reads the same header, and
+# JSON costs a small call several microseconds at each end.
+@functools.lru_cache(maxsize=64)
+def _described(shape: tuple[int, ...], dtype: str) -> numpy.ndarray:
+    text = json.dumps({"shape": list(shape), "dtype": dtype}).encode()
     if len(text) > HEADER_BYTES:
         raise ValueError(f"scatter: cannot describe a block of shape {shape} in a header")
     header = numpy.zeros(HEADER_BYTES, numpy.uint8)
     header[: len(text)] = numpy.frombuffer(text, numpy.uint8)
+    header.flags.writeable = False
     return header
 
 
 def _parse(header: Any) -> tuple[tuple[int, ...], numpy.dtype]:
     raw = header.get() if hasattr(header, "get") else header  # CuPy -> NumPy
-    fields = json.loads(bytes(raw).rstrip(b"\0"))
+    return _read(bytes(raw).rstrip(b"\0"))
+
+
+@functools.lru_cache(maxsize=64)
+def _read(text: bytes) -> tuple[tuple[int, ...], numpy.dtype]:
+    fields = json.loads(text)
     return tuple(fields["shape"]), numpy.dtype(fields["dtype"])
 
 
