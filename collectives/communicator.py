@@ -424,10 +424,18 @@ class Communicator:
         recvbuf = output(recvbuf, shape, sendbuf.dtype, xp)
         mine = flat_work(sendbuf, xp)[0]
         work = xp.empty_like(mine)  # the chunks in flight; `mine` is only read
+        # The last step reduces straight into recvbuf: no copy after. Not when recvbuf
+        # overlaps the input, which is still being read then; nor while tracing, so that
+        # every traced offset indexes the one buffer that the explainer and the schedule
+        # tests replay (the same messages move either way).
+        out, copied = flat_work(recvbuf, xp)
+        if self._transport.trace is not None or xp.may_share_memory(out, mine):
+            out = copied = None
         self._begin("reduce_scatter", sendbuf.size, sendbuf.dtype, op, counts=counts)
         block = ring_reduce_scatter(self._transport, mine, work, ufunc, average=(op == "avg"),
-                                    bounds=bounds)
-        recvbuf[...] = block.reshape(recvbuf.shape)
+                                    bounds=bounds, out=out)
+        if out is None or copied:
+            recvbuf[...] = block.reshape(recvbuf.shape)
         return recvbuf
 
     @collective

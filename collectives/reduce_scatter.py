@@ -18,19 +18,25 @@ from .ring import reduce_scatter_pass
 
 def ring_reduce_scatter(transport: Transport, mine: Any, work: Any, op: ReduceOp,
                         average: bool = False,
-                        bounds: list[tuple[int, int]] | None = None) -> Any:
+                        bounds: list[tuple[int, int]] | None = None,
+                        out: Any | None = None) -> Any:
     """Reduce-scatter the flat array `mine`, block r at bounds[r] (by default N equal blocks),
-    using `work` (the same size) for the chunks in flight; returns block `rank` of the result,
-    a view of `work`."""
+    using `work` (the same size) for the chunks in flight; returns block `rank` of the result:
+    `out` when given (flat, apart from `mine`), which the last step reduces into, else a view
+    of `work`."""
     size, rank = transport.size, transport.rank
     if bounds is None:
         block = work.size // size
         bounds = [(r * block, (r + 1) * block) for r in range(size)]
     if size == 1:
         work[...] = mine
-    owned = reduce_scatter_pass(transport, work, bounds, op, first=-1, mine=mine)
+    owned = reduce_scatter_pass(transport, work, bounds, op, first=-1, mine=mine,
+                                last=out if size > 1 else None)
     assert owned == rank
-    result = work[slice(*bounds[rank])]
+    result = work[slice(*bounds[rank])] if out is None or size == 1 else out
+    if out is not None and size == 1:
+        out[...] = result
+        result = out
     if average:
         transport.xp.true_divide(result, size, out=result)
     return result

@@ -18,11 +18,14 @@ def ring_chunks(rank: int, size: int, step: int, first: int) -> tuple[int, int]:
 
 
 def reduce_scatter_pass(transport: Transport, work: Any, bounds: list[tuple[int, int]],
-                        op: ReduceOp, first: int = 0, mine: Any | None = None) -> int:
+                        op: ReduceOp, first: int = 0, mine: Any | None = None,
+                        last: Any | None = None) -> int:
     """N-1 steps, each reducing the received chunk with this rank's own into `work`; returns
     the chunk this rank then holds fully reduced, (rank + first + 1) mod N.
 
-    This rank's input is `mine` when given (then `work` need not hold it), else `work`.
+    This rank's input is `mine` when given (then `work` need not hold it), else `work`. With
+    `last` (apart from `mine`), the last step reduces into it instead of into `work`: a
+    reduce-scatter's result lands where the caller wants it, with no copy after.
     """
     rank, size = transport.rank, transport.size
     right, left = (rank + 1) % size, (rank - 1) % size
@@ -33,7 +36,8 @@ def reduce_scatter_pass(transport: Transport, work: Any, bounds: list[tuple[int,
         # Step 0 sends this rank's own chunk; every later step forwards the chunk reduced in
         # the step before. What arrives is always combined with this rank's own contribution.
         outgoing = (mine if step == 0 else work)[slice(*bounds[send])]
-        transport.sendrecv_reduce(outgoing, right, work[slice(*bounds[recv])], left, op,
+        into = last if last is not None and step == size - 2 else work[slice(*bounds[recv])]
+        transport.sendrecv_reduce(outgoing, right, into, left, op,
                                   inbuf=mine[slice(*bounds[recv])])
     return (rank + first + 1) % size
 
