@@ -89,11 +89,19 @@ def one_shot_all_reduce(transport: Transport, work: Any, op: ReduceOp,
         return
     transport.at("one-shot")
     inputs = transport.all_inputs(mine)  # also checks the call, when the caller asked for it
-    op(inputs[0], inputs[1], out=work)
+    reduce_in_rank_order(transport.xp, inputs, op, average, out=work)
+
+
+def reduce_in_rank_order(xp: Any, inputs: list[Any], op: ReduceOp, average: bool,
+                         out: Any | None = None) -> Any:
+    """(((x0 op x1) op x2) ...) of two or more `inputs` into `out` (a new array when None),
+    divided by their number when `average`: the same order on every rank, so the same bits."""
+    out = op(inputs[0], inputs[1], out=out)
     for later in inputs[2:]:
-        op(work, later, out=work)
+        op(out, later, out=out)
     if average:
-        transport.xp.true_divide(work, size, out=work)
+        xp.true_divide(out, len(inputs), out=out)
+    return out
 
 
 def auto_algorithm(transport: Transport, nbytes: int) -> str:

@@ -28,15 +28,11 @@ def ring_reduce_scatter(transport: Transport, mine: Any, work: Any, op: ReduceOp
     if bounds is None:
         block = work.size // size
         bounds = [(r * block, (r + 1) * block) for r in range(size)]
-    if size == 1:
-        work[...] = mine
-    owned = reduce_scatter_pass(transport, work, bounds, op, first=-1, mine=mine,
-                                last=out if size > 1 else None)
+    if size == 1:  # no steps: the input is the result
+        (work if out is None else out)[...] = mine
+    owned = reduce_scatter_pass(transport, work, bounds, op, first=-1, mine=mine, last=out)
     assert owned == rank
-    result = work[slice(*bounds[rank])] if out is None or size == 1 else out
-    if out is not None and size == 1:
-        out[...] = result
-        result = out
+    result = work[slice(*bounds[rank])] if out is None else out
     if average:
         transport.xp.true_divide(result, size, out=result)
     return result

@@ -31,6 +31,8 @@ import numpy
 
 from transports.errors import CallsDiffer, MismatchError
 
+from .all_reduce import reduce_in_rank_order
+
 KINDS_KEPT = 64  # kinds of call remembered; more means a sweep of sizes, so start again
 
 
@@ -64,12 +66,7 @@ def small_all_reduce(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None,
         raise
     if recvbuf is None and sendbuf.ndim == 0:  # a ufunc makes a 0-d result a scalar
         recvbuf = numpy.empty((), sendbuf.dtype)
-    recvbuf = ufunc(inputs[0], inputs[1], out=recvbuf)  # recvbuf None: a new array
-    for later in inputs[2:]:
-        ufunc(recvbuf, later, out=recvbuf)
-    if op == "avg":
-        numpy.true_divide(recvbuf, comm.size, out=recvbuf)
-    return recvbuf
+    return reduce_in_rank_order(numpy, inputs, ufunc, op == "avg", out=recvbuf)
 
 
 def _learn(comm: Any, op: Any, dtype: Any, count: int) -> tuple[Any, tuple] | None:

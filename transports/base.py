@@ -16,6 +16,7 @@ message). Each transport overrides only the raw moves `_sendrecv`, `_barrier`, a
 from __future__ import annotations
 
 import os
+import struct
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields
@@ -24,13 +25,17 @@ from typing import Any, Callable
 
 import numpy
 
-from .errors import CallsDiffer, CollectiveTimeoutError
+from .errors import CallsDiffer, CollectiveTimeoutError, MismatchError
 
 # A reduction is a binary ufunc of the array module: op(mine, incoming, out=acc).
 ReduceOp = Callable[..., Any]
 
 DEFAULT_SEGMENT_BYTES = 1 << 20
 CALL_WORDS = 6  # a call's descriptor: six non-negative integers (collectives/check.py)
+# What each rank's one-shot exchange says beside its data (slots.py's call lines, mpi.py's
+# headers): the call's descriptor, zeros when no call is checked, then the input's size.
+CALL_LINE = struct.Struct(f"{CALL_WORDS + 1}Q")
+NO_CALL = (0,) * CALL_WORDS
 DEFAULT_TIMEOUT_S = 300.0
 
 
@@ -283,6 +288,28 @@ class Transport(ABC):
         if buf.size == 0:
             return [buf.copy() for _ in range(self.size)]
         return self._exchange(buf)
+
+    def _compare_lines(self, call: tuple[int, ...] | None, nbytes: int, mine: bytes,
+                       theirs: list[Any]) -> None:
+        """After a one-shot exchange: raise, on every rank, what differs between this rank's
+        `CALL_LINE` `mine` and the peers' `theirs` (in rank order, bytes-like): the call
+        (CallsDiffer), else the size of the input (MismatchError). Compared as bytes: small
+        calls come often."""
+        for line in theirs:
+            if line != mine:
+                break
+        else:
+            return
+        lines = [CALL_LINE.unpack(bytes(line)) for line in theirs]
+        lines.insert(self.rank, CALL_LINE.unpack(mine))
+        if call is not None:
+            calls = [line[:CALL_WORDS] for line in lines]
+            if calls.count(call) != self.size:
+                raise CallsDiffer(calls)
+        r, other = next((r, line) for r, line in enumerate(lines) if line[CALL_WORDS] != nbytes)
+        raise MismatchError(f"rank {self.rank} all-reduces {nbytes} bytes but rank {r} "
+                            f"{other[CALL_WORDS]}"
+                            + (f" during {self.where}" if self.where else ""))
 
     def _exchange(self, buf: Any) -> list[Any]:
         """Every rank's `buf` (any shape) by direct copies of it flat: in step s, send to

@@ -17,21 +17,17 @@ from __future__ import annotations
 
 import ctypes
 import os
-import struct
 from typing import Any
 
 import numpy
 from mpi4py import MPI
 
-from .base import CALL_WORDS, ReduceOp, Transport, segments
+from .base import CALL_LINE, NO_CALL, ReduceOp, Transport, segments
 from .bootstrap import duplicated, nodes, start
 from .cuda import copy_bytes, pinned_empty, use_gpu
-from .errors import CallsDiffer, InvalidArgumentError, MismatchError
+from .errors import InvalidArgumentError
 
 TAG = 17
-# A one-shot message's header: the call's descriptor, then the size of the input (8-byte words).
-HEADER = struct.Struct(f"{CALL_WORDS + 1}Q")
-NO_CALL = (0,) * CALL_WORDS  # the descriptor of an exchange that checks no call
 KEPT_SIZES = 8  # one-shot packet sizes whose persistent sends are kept
 
 
@@ -68,10 +64,10 @@ class _Landing:
     `all_inputs` promises."""
 
     def __init__(self, comm: MPI.Comm, rank: int, peers: list[int], one_shot_bytes: int) -> None:
-        room = HEADER.size + one_shot_bytes
+        room = CALL_LINE.size + one_shot_bytes
         self.buffers = [numpy.empty(0 if r == rank else room, numpy.uint8)
                         for r in range(comm.Get_size())]
-        self.headers = [memoryview(self.buffers[r])[:HEADER.size] for r in peers]
+        self.headers = [memoryview(self.buffers[r])[:CALL_LINE.size] for r in peers]
         self.receives = [comm.Recv_init(_bytes(self.buffers[r]), r, TAG) for r in peers]
 
 
@@ -82,7 +78,7 @@ class _Shot:
     def __init__(self, comm: MPI.Comm, peers: list[int], nbytes: int,
                  receives: list[MPI.Prequest]) -> None:
         self.packet = numpy.empty(nbytes, numpy.uint8)
-        self.header = memoryview(self.packet)[:HEADER.size]
+        self.header = memoryview(self.packet)[:CALL_LINE.size]
         self.sends = [comm.Send_init(_bytes(self.packet), r, TAG) for r in peers]
         self.requests = receives + self.sends  # what one Startall starts
         self.kinds: dict[tuple, list[Any]] = {}
@@ -217,8 +213,8 @@ class MPITransport(Transport):
         with_data = host.nbytes <= self.one_shot_bytes
         if call is None and not with_data:
             return self._exchange(buf)
-        shot = self._outgoing(HEADER.size + (host.nbytes if with_data else 0))
-        line = HEADER.pack(*(call or NO_CALL), host.nbytes)
+        shot = self._outgoing(CALL_LINE.size + (host.nbytes if with_data else 0))
+        line = CALL_LINE.pack(*(call or NO_CALL), host.nbytes)
         shot.header[:] = line
         inputs = None
         if with_data:
@@ -234,26 +230,10 @@ class MPITransport(Transport):
                     self._wait_all([receive], peer, "a message")
                 self._wait_all(shot.sends, None, "its sends to complete")
                 break
-        for header in self._landing.headers:
-            if header != line:
-                self._differ(call, host.nbytes)
+        self._compare_lines(call, host.nbytes, line, self._landing.headers)
         if inputs is None:
             return self._exchange(buf)
         return inputs if self.xp is numpy else [self.xp.asarray(i) for i in inputs]
-
-    def _differ(self, call: tuple[int, ...] | None, nbytes: int) -> None:
-        """Raise what differs between the ranks' headers: the call (CallsDiffer), else the
-        size of the input."""
-        lines = [HEADER.unpack(bytes(h)) for h in self._landing.headers]
-        lines.insert(self.rank, (*(call or NO_CALL), nbytes))
-        if call is not None:
-            calls = [line[:CALL_WORDS] for line in lines]
-            if calls.count(call) != self.size:
-                raise CallsDiffer(calls)
-        r, theirs = next((r, line) for r, line in enumerate(lines) if line[CALL_WORDS] != nbytes)
-        raise MismatchError(f"rank {self.rank} all-reduces {nbytes} bytes but rank {r} "
-                            f"{theirs[CALL_WORDS]}"
-                            + (f" during {self.where}" if self.where else ""))
 
     def _views_of(self, shot: _Shot, host: numpy.ndarray) -> list[Any]:
         """Every rank's input of `host`'s kind within the one-shot packets: this rank's in
@@ -261,8 +241,8 @@ class MPITransport(Transport):
         is mostly of a few)."""
         if len(shot.kinds) >= KEPT_SIZES:
             shot.kinds.clear()
-        views = [b[HEADER.size:HEADER.size + host.nbytes] for b in self._landing.buffers]
-        views[self.rank] = shot.packet[HEADER.size:]
+        views = [b[CALL_LINE.size:CALL_LINE.size + host.nbytes] for b in self._landing.buffers]
+        views[self.rank] = shot.packet[CALL_LINE.size:]
         inputs = shot.kinds[(host.shape, host.dtype)] = [
             v.view(host.dtype).reshape(host.shape) for v in views]
         return inputs

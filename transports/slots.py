@@ -69,25 +69,21 @@ where the CPU polls them.
 from __future__ import annotations
 
 import os
-import struct
 from array import array
 from typing import Any, Callable, Protocol
 
 import numpy
 from mpi4py import MPI
 
-from .base import CALL_WORDS, ReduceOp, Transport
+from .base import CALL_LINE, NO_CALL, ReduceOp, Transport
 from .bootstrap import duplicated, on_one_node, start
-from .errors import (CallsDiffer, CollectiveError, InvalidArgumentError, MismatchError,
-                     PeerFailedError)
+from .errors import CollectiveError, InvalidArgumentError, MismatchError, PeerFailedError
 from .shared_memory import SHM_DIR, free_bytes, share_regions
 
 LINE = 64  # bytes: a cache line, one counter each
 PAGE = 4096
 SLOTS = 4  # a sender fills some slots while its receiver empties others
 WORDS = LINE // 8  # 8-byte words per line
-CALL_LINE = struct.Struct(f"{CALL_WORDS + 1}Q")  # a call line: the descriptor, the input's size
-NO_CALL = (0,) * CALL_WORDS  # the descriptor of an exchange that checks no call
 # Messages of at least this size, sent while receiving, go by direct reads where the memory kind
 # allows (see "Direct reads"): below it, measured, a copy through the slots costs less.
 DIRECT_BYTES = 4 << 20
@@ -469,27 +465,8 @@ class SlotTransport(Transport):
                 self.wait(lambda: self._everyone(PUBLISHED, turn), None, "one-shot inputs",
                           late=lambda: self._behind(PUBLISHED, turn))
                 break
-        for peer in theirs:
-            if peer != line:
-                self._differ(call, nbytes, self._call_lines[area])
+        self._compare_lines(call, nbytes, line, theirs)
         return inputs
-
-    def _differ(self, call: tuple[int, ...] | None, nbytes: int,
-                area_lines: tuple[Any, list[Any]]) -> None:
-        """Raise what differs between the ranks' call lines of an area (ours, the peers'):
-        the call (CallsDiffer), else the size of the input."""
-        mine, theirs = area_lines
-        lines = [CALL_LINE.unpack(bytes(line)) for line in theirs]
-        lines.insert(self.rank, CALL_LINE.unpack(bytes(mine)))
-        if call is not None:
-            calls = [theirs[:CALL_WORDS] for theirs in lines]
-            if calls.count(call) != self.size:
-                raise CallsDiffer(calls)
-        r, theirs = next((r, theirs) for r, theirs in enumerate(lines)
-                         if theirs[CALL_WORDS] != nbytes)
-        raise MismatchError(f"rank {self.rank} all-reduces {nbytes} bytes but rank {r} "
-                            f"{theirs[CALL_WORDS]}"
-                            + (f" during {self.where}" if self.where else ""))
 
     def register(self, nbytes: int) -> Any:
         """`nbytes` in a new region that every peer maps (see "Registered memory"), rounded up
