@@ -3,6 +3,7 @@ them (on Gloo, on ringcc's torch.distributed backend, and on Gloo with ringcc's 
 
     OPENBLAS_NUM_THREADS=1 mpiexec -n 2 python -m benchmarks.trainer --compare torch
     OPENBLAS_NUM_THREADS=1 mpiexec -n 2 python -m benchmarks.trainer --optimizer adam
+    mpiexec -n 2 python -m benchmarks.trainer --device cuda --compare torch --zero 0
 
 All train the same MLP (784-1024-1024-10, float32, the same initial weights) with the same
 optimizer (SGD with momentum by default) on synthetic MNIST-shaped batches of `--batch` samples
@@ -32,6 +33,11 @@ rank, a last row times this trainer's DDP on rank 0 alone (a one-rank communicat
 other ranks wait: the one-rank baseline, measured in the same job as the N-rank numbers, so
 the scaling ratio is not at the mercy of whatever else the machine ran in between.
 `--profile` prints where rank 0's main thread spent the timed steps of this trainer's DDP.
+
+With `--device cuda` every trainer runs on the GPU (rank r on GPU r mod count): this trainer
+on CuPy arrays over a `device="cuda"` communicator (cuda_ipc on one node), the PyTorch rows on
+CUDA tensors, Gloo copying them through host memory as it does, ringcc's rows moving them
+where they lie. A timed round ends when the device has finished its work.
 """
 
 from __future__ import annotations
@@ -75,8 +81,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=20, help="timed steps per round")
     parser.add_argument("--rounds", type=int, default=5, help="rounds (the median is shown)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first")
-    parser.add_argument("--transport", default="auto",
-                        choices=["auto", *registry.names(device="cpu")])
+    parser.add_argument("--transport", default="auto", choices=["auto", *registry.names()],
+                        help="the ringcc rows' transport (with --device cuda: cuda_ipc or mpi)")
+    parser.add_argument("--device", choices=collectives.DEVICES, default="cpu",
+                        help="where the models and the gradients live")
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd",
                         help="SGD with momentum (lr 0.01), Adam (lr 0.001; PyTorch's AdamW) or "
                              "LAMB (lr 0.005; PyTorch has none)")
@@ -113,7 +121,7 @@ class Ours:
 
     def __init__(self, comm: collectives.Communicator, args: argparse.Namespace,
                  stage: int = 0) -> None:
-        self.model = MLP(SIZES, seed=0)
+        self.model = MLP(SIZES, seed=0, xp=collectives.module_for_device(comm.device))
         options = dict(overlap=not args.no_overlap, grad_dtype=args.grad_dtype)
         if stage == 0:
             self.ddp = DistributedDataParallel(self.model, comm, args.bucket_mb, **options)
@@ -148,7 +156,7 @@ class Ours:
         return self.ddp.comm_seconds
 
     def parameters(self) -> list[numpy.ndarray]:
-        return [p.data for p in self.model.parameters()]
+        return [collectives.to_numpy(p.data) for p in self.model.parameters()]
 
     def close(self) -> None:
         self.ddp.close()
@@ -156,8 +164,8 @@ class Ours:
 
 class Torch:
     """PyTorch: nn.Sequential + DistributedDataParallel + optim.SGD (or AdamW), one thread a
-    rank. DDP runs over `group` (None: the default group, Gloo's), with `hook` registered on
-    `hook_comm` when given."""
+    rank, on `args.device`. DDP runs over `group` (None: the default group, Gloo's), with
+    `hook` registered on `hook_comm` when given."""
 
     def __init__(self, name: str, initial: dict[str, numpy.ndarray], args: argparse.Namespace,
                  group: Any = None, hook: Callable | None = None,
@@ -173,18 +181,20 @@ class Torch:
                 linear.weight.copy_(torch.from_numpy(initial[f"layers.{2 * i}.weight"].T))
                 linear.bias.copy_(torch.from_numpy(initial[f"layers.{2 * i}.bias"]))
             layers += [linear, torch.nn.ReLU()]
-        self.model = TorchDDP(torch.nn.Sequential(*layers[:-1]), process_group=group,
-                              bucket_cap_mb=args.bucket_mb)
+        self.cuda = args.device == "cuda"
+        model = torch.nn.Sequential(*layers[:-1]).to("cuda" if self.cuda else "cpu")
+        self.model = TorchDDP(model, process_group=group, bucket_cap_mb=args.bucket_mb)
         if hook is not None:
             self.model.register_comm_hook(hook_comm, hook)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9) \
             if args.optimizer == "sgd" else torch.optim.AdamW(self.model.parameters(), lr=0.001,
                                                               weight_decay=0.0)
 
-    def step(self, x: numpy.ndarray, y: numpy.ndarray) -> None:
+    def step(self, x: Any, y: Any) -> None:
+        # The batches are NumPy arrays, or CuPy ones on the GPU: tensors over their memory.
+        as_tensor = self.torch.from_dlpack if self.cuda else self.torch.from_numpy
         self.optimizer.zero_grad()
-        loss = self.torch.nn.functional.cross_entropy(self.model(self.torch.from_numpy(x)),
-                                                      self.torch.from_numpy(y))
+        loss = self.torch.nn.functional.cross_entropy(self.model(as_tensor(x)), as_tensor(y))
         loss.backward()
         self.optimizer.step()
 
@@ -198,7 +208,7 @@ class Torch:
         return None
 
     def parameters(self) -> list[numpy.ndarray]:
-        return [p.detach().numpy() for p in self.model.parameters()]
+        return [p.detach().cpu().numpy() for p in self.model.parameters()]
 
     def close(self) -> None:
         pass  # the process groups are the job's: closed once, after every trainer
@@ -210,12 +220,16 @@ def torch_trainers(initial: dict[str, numpy.ndarray], args: argparse.Namespace,
     Gloo with ringcc's allreduce_hook averaging the buckets: the same model and start. The
     ringcc rows share a communicator of their own (its calls run on that communicator's progress
     thread, never beside this trainer's)."""
+    import torch
+
     import collectives.torch
 
     from .peers import GlooPeer
 
     stack.callback(GlooPeer(MPI.COMM_WORLD).close)  # the default group; 1 torch thread a rank
-    theirs = stack.enter_context(collectives.init(transport=args.transport))
+    theirs = stack.enter_context(collectives.init(transport=args.transport, device=args.device))
+    if args.device == "cuda":  # the GPU ringcc chose for this rank, made current for torch
+        torch.cuda.set_device(collectives.module_for_device("cuda").cuda.Device().id)
     return [Torch(TORCH_GLOO, initial, args),
             Torch("torch DDP on ringcc", initial, args,
                   group=collectives.torch.process_group(theirs)),
@@ -229,9 +243,11 @@ def slowest(comm: collectives.Communicator, seconds: float) -> float:
 
 
 def timed(comm: collectives.Communicator, steps: int, step: Callable[[int], None] | None,
-          profile: cProfile.Profile | None = None) -> float:
-    """Seconds per step of `steps` calls of `step`, the slowest rank's. A rank whose `step`
-    is None sits the round out, waiting (mostly asleep) for the others."""
+          profile: cProfile.Profile | None = None,
+          finish: Callable[[], None] = lambda: None) -> float:
+    """Seconds per step of `steps` calls of `step`, then `finish` (the device's work done),
+    the slowest rank's. A rank whose `step` is None sits the round out, waiting (mostly
+    asleep) for the others."""
     comm.barrier()
     if step is None:
         return slowest(comm, 0.0) / steps
@@ -240,6 +256,7 @@ def timed(comm: collectives.Communicator, steps: int, step: Callable[[int], None
     start = time.perf_counter()
     for i in range(steps):
         step(i)
+    finish()
     elapsed = time.perf_counter() - start
     if profile is not None:
         profile.disable()
@@ -267,12 +284,20 @@ def relative_difference(comm: collectives.Communicator, params: list[numpy.ndarr
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    with collectives.init(transport=args.transport) as comm, ExitStack() as stack:
+    on_gpu = args.device == "cuda"
+    # `comm` times and checks, on the host; `work` is what this trainer averages over.
+    with collectives.init(transport="auto" if on_gpu else args.transport) as comm, \
+            ExitStack() as stack:
+        work = stack.enter_context(collectives.init(transport=args.transport, device="cuda")) \
+            if on_gpu else comm
+        xp = collectives.module_for_device(args.device)
+        finish = xp.cuda.Device().synchronize if on_gpu else (lambda: None)
         say = print if comm.rank == 0 else (lambda *_, **__: None)
         data = synthetic(train=8 * args.batch, test=0, seed=comm.rank)
-        batches = [(data.x_train[i * args.batch:(i + 1) * args.batch],
-                    data.y_train[i * args.batch:(i + 1) * args.batch]) for i in range(8)]
-        ours = [Ours(comm, args, stage) for stage in args.zero]
+        batches = [(xp.asarray(data.x_train[i * args.batch:(i + 1) * args.batch]),
+                    xp.asarray(data.y_train[i * args.batch:(i + 1) * args.batch]))
+                   for i in range(8)]
+        ours = [Ours(work, args, stage) for stage in args.zero]
         trainers: list[Any] = list(ours)
         notes = []
         if "torch" in args.compare:
@@ -284,14 +309,19 @@ def main(argv: list[str] | None = None) -> int:
                 if args.optimizer == "lamb":
                     notes.append("PyTorch has no LAMB: comparison skipped")
                 else:
-                    trainers += torch_trainers(ours[0].model.state_dict(), args, stack)
+                    initial = {name: collectives.to_numpy(value)
+                               for name, value in ours[0].model.state_dict().items()}
+                    trainers += torch_trainers(initial, args, stack)
         # The one-rank baseline, in the same job: rank 0 trains alone while the others wait.
-        self_comm = collectives.init(transport=args.transport, comm=MPI.COMM_SELF) \
+        self_comm = collectives.init(transport=args.transport, comm=MPI.COMM_SELF,
+                                     device=args.device) \
             if comm.size > 1 and comm.rank == 0 else None
         alone = None if self_comm is None else Ours(self_comm, args)
         say(f"# trainer benchmark: MLP {'-'.join(map(str, SIZES))} float32, {args.optimizer}, "
             f"{args.batch} samples per rank per step, {comm.size} rank(s), "
-            f"bucket {args.bucket_mb:g} MB, {args.grad_dtype} gradients")
+            f"bucket {args.bucket_mb:g} MB, {args.grad_dtype} gradients, device {args.device}"
+            + (f" ({xp.cuda.runtime.getDeviceProperties(xp.cuda.Device().id)['name'].decode()})"
+               if on_gpu else ""))
         say(f"# {args.rounds} rounds of {args.steps} steps after {args.warmup} warm-up steps, "
             f"trainers taking turns; median over rounds; OPENBLAS_NUM_THREADS="
             f"{os.environ.get('OPENBLAS_NUM_THREADS', '(unset)')}")
@@ -315,13 +345,14 @@ def main(argv: list[str] | None = None) -> int:
                 row = results[trainer.name]
                 before = trainer.comm_seconds()
                 row["step"].append(timed(comm, args.steps, run(trainer),
-                                         profile if trainer is ours[0] else None))
+                                         profile if trainer is ours[0] else None, finish))
                 if before is not None:
                     row["collectives"].append((trainer.comm_seconds() - before) / args.steps)
                 with trainer.no_sync():
-                    row["compute"].append(timed(comm, args.steps, run(trainer)))
+                    row["compute"].append(timed(comm, args.steps, run(trainer),
+                                                finish=finish))
             if comm.size > 1:
-                solo.append(timed(comm, args.steps, run(alone)))
+                solo.append(timed(comm, args.steps, run(alone), finish=finish))
         memory = {t.name: t.memory() for t in trainers}
         # Every PyTorch row took the same steps on the same batches from the same start.
         torch_rows = trainers[len(ours):]

@@ -79,7 +79,8 @@ def one_shot_all_reduce(transport: Transport, work: Any, op: ReduceOp,
 
     Each rank publishes its buffer and reduces all N inputs itself, always in rank order
     (((x0 op x1) op x2) ...), so every rank computes bitwise the same result. It moves N-1
-    times the message into each rank, so it pays only while latency dominates.
+    times the message into each rank, so it pays only while latency dominates (or where,
+    as on one shared GPU, every exchange costs more than moving the bytes).
     """
     size = transport.size
     mine = work if mine is None else mine
@@ -88,8 +89,15 @@ def one_shot_all_reduce(transport: Transport, work: Any, op: ReduceOp,
             work[...] = mine
         return
     transport.at("one-shot")
-    inputs = transport.all_inputs(mine)  # also checks the call, when the caller asked for it
-    reduce_in_rank_order(transport.xp, inputs, op, average, out=work)
+    # Larger inputs go a piece of `one_shot_bytes` at a time, each piece one exchange: the
+    # pieces fit where the transport publishes inputs (its one-shot areas).
+    step = transport.one_shot_bytes // work.itemsize
+    if step <= 0 or work.size <= step:
+        step = work.size
+    for lo in range(0, work.size, step):
+        # The first exchange also checks the call, when the caller asked for it.
+        inputs = transport.all_inputs(mine[lo:lo + step])
+        reduce_in_rank_order(transport.xp, inputs, op, average, out=work[lo:lo + step])
 
 
 def reduce_in_rank_order(xp: Any, inputs: list[Any], op: ReduceOp, average: bool,
@@ -106,8 +114,9 @@ def reduce_in_rank_order(xp: Any, inputs: list[Any], op: ReduceOp, average: bool
 
 def auto_algorithm(transport: Transport, nbytes: int) -> str:
     """What `algorithm="auto"` runs for a message of `nbytes`: "one_shot" up to
-    `transport.one_shot_bytes`, else "ring", or "hierarchical" on a transport that knows its
-    nodes (transports/hierarchical.py: it has `across` nodes)."""
-    if nbytes <= transport.one_shot_bytes:
+    `transport.one_shot_bytes` (at any size where `transport.one_shot_at_any_size`), else
+    "ring", or "hierarchical" on a transport that knows its nodes (transports/hierarchical.py:
+    it has `across` nodes)."""
+    if nbytes <= transport.one_shot_bytes or transport.one_shot_at_any_size:
         return "one_shot"
     return "hierarchical" if getattr(transport, "across", None) is not None else "ring"

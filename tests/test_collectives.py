@@ -10,11 +10,13 @@ calls run as a ring shift (`sendrecv`) and a chain of `send`s and `recv`s.
 
 from __future__ import annotations
 
+import numpy
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import cases
+import collectives
 from pool import MAX_RANKS, VARIANTS
 
 examples = settings(max_examples=100, deadline=None,
@@ -210,3 +212,21 @@ def test_barrier_keeps_every_rank_in_until_the_last_has_come(run, size, tmp_path
     marks = [f"mark-{rank}" for rank in range(size)]
     for rank, result in enumerate(results):
         assert result["result"] == marks, f"rank {rank} passed the barrier too early"
+
+
+@pytest.mark.parametrize("op", ["sum", "avg", "max"])
+def test_one_shot_all_reduce_in_pieces_is_bitwise_one_exchange(op):
+    """One-shot all-reduces larger than `one_shot_bytes` go a piece at a time (every
+    all-reduce does on ranks that share one GPU): bitwise what one exchange gives, on every
+    rank, moving the same bytes."""
+    def body(comm, size_of_piece):
+        mine = numpy.random.default_rng(comm.rank).standard_normal(5003).astype(numpy.float32)
+        result = comm.all_reduce(mine, op=op, algorithm="one_shot")
+        return result, comm.stats.bytes_sent, comm.stats.messages
+
+    whole = collectives.spawn(body, 3, 1 << 20, one_shot_bytes=1 << 20)
+    pieces = collectives.spawn(body, 3, 4096, one_shot_bytes=4096)
+    for (one, sent, messages), (many, sent_in_pieces, messages_in_pieces) in zip(whole, pieces):
+        assert one.tobytes() == many.tobytes() == whole[0][0].tobytes()
+        assert sent == sent_in_pieces == 2 * 5003 * 4
+        assert (messages, messages_in_pieces) == (2, 2 * 5)  # 5003 floats: 5 pieces of 1024

@@ -34,6 +34,7 @@ needs_no_gpu = pytest.mark.skipif(MISSING is None, reason="a GPU is present here
 def test_every_collective_on_cuda_ipc(ranks):
     job = mpiexec(ranks, DRIVER, "collectives", "cuda_ipc", timeout=GPU_TIMEOUT)
     assert job.stdout.count("collectives ok: cuda_ipc") == 2, job.stdout
+    assert "all-reduce one-shot in pieces ok" in job.stdout, job.stdout
 
 
 @needs_gpu

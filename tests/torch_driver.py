@@ -56,8 +56,8 @@ def calls_scenario(gloo: dist.ProcessGroup) -> None:
     for r in range(size):
         same(ours[r], theirs[r], "all_gather")
     single = torch.empty(size * 6)
-    dist.all_gather_single(single, values(rank, 6))
-    same(single, torch.cat([values(r, 6) for r in range(size)]), "all_gather_single")
+    dist.all_gather_into_tensor(single, values(rank, 6))  # the group's all_gather_single
+    same(single, torch.cat([values(r, 6) for r in range(size)]), "all_gather_into_tensor")
 
     blocks = [values(rank + j, 4) for j in range(size)]
     ours, theirs = torch.empty(4), torch.empty(4)
@@ -65,9 +65,9 @@ def calls_scenario(gloo: dist.ProcessGroup) -> None:
     dist.reduce_scatter(theirs, blocks, group=gloo)
     same(ours, theirs, "reduce_scatter")
     single = torch.empty(3)
-    dist.reduce_scatter_single(single, values(rank, 3 * size), op=dist.ReduceOp.MAX)
+    dist.reduce_scatter_tensor(single, values(rank, 3 * size), op=dist.ReduceOp.MAX)
     want = torch.stack([values(r, 3 * size) for r in range(size)]).amax(0)[3 * rank:3 * rank + 3]
-    same(single, want, "reduce_scatter_single max")
+    same(single, want, "reduce_scatter_tensor max")
 
     for root in range(size):
         ours = values(rank, 9, torch.float64)
@@ -143,25 +143,26 @@ class Net(nn.Module):
         return self.second(torch.tanh(self.first(x)))
 
 
-def train(group: dist.ProcessGroup | None, hook: str | None) -> list[torch.Tensor]:
+def train(group: dist.ProcessGroup | None, hook: str | None, device: str = "cpu",
+          comm: collectives.Communicator | None = None) -> list[torch.Tensor]:
     """Four optimizer steps of DDP over `group` (None: the default, ringcc), each of two
-    micro-batches, the first under no_sync; several small buckets, the last one uneven."""
+    micro-batches, the first under no_sync; several small buckets, the last one uneven. The
+    model and batches on `device`; the hook, if any, on `comm` (a new one if None)."""
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = nn.parallel.DistributedDataParallel(
-        Net(), process_group=group, bucket_cap_mb=0.001, find_unused_parameters=True)
+        Net().to(device), process_group=group, bucket_cap_mb=0.001, find_unused_parameters=True)
     if hook is not None:
-        comm = collectives.init()
-        model.register_comm_hook(comm, getattr(ringcc_torch, hook))
+        model.register_comm_hook(comm or collectives.init(), getattr(ringcc_torch, hook))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     generator = torch.Generator().manual_seed(100 + rank)
     for _ in range(4):
         optimizer.zero_grad()
         with model.no_sync():
-            model(torch.randn(8, 13, generator=generator)).square().mean().backward()
-        model(torch.randn(8, 13, generator=generator)).square().mean().backward()
+            model(torch.randn(8, 13, generator=generator).to(device)).square().mean().backward()
+        model(torch.randn(8, 13, generator=generator).to(device)).square().mean().backward()
         optimizer.step()
-    return [p.detach().clone() for p in model.module.parameters()]
+    return [p.detach().cpu().clone() for p in model.module.parameters()]
 
 
 def ddp_scenario(gloo: dist.ProcessGroup) -> None:
@@ -194,6 +195,13 @@ def cuda_scenario(gloo: dist.ProcessGroup) -> None:
         theirs = values(rank, 11)
         dist.all_reduce(theirs, group=gloo)
         same(ours.cpu(), theirs, "dist.all_reduce of a CUDA tensor on the ringcc backend")
+        # DDP on CUDA tensors: over a ringcc group on the GPU, and on Gloo with ringcc's hook
+        # on the GPU, against DDP on Gloo (which copies through host memory).
+        reference = train(gloo, None, "cuda")
+        for group, hook in ((ringcc_torch.process_group(comm), None), (gloo, "allreduce_hook")):
+            for got, want in zip(train(group, hook, "cuda", comm), reference):
+                assert torch.allclose(got, want, rtol=1e-6, atol=1e-6), \
+                    f"CUDA DDP, {hook or 'a ringcc group'}: {(got - want).abs().max()}"
 
 
 SCENARIOS = {"calls": calls_scenario, "ddp": ddp_scenario, "cuda": cuda_scenario}

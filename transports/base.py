@@ -82,6 +82,9 @@ class Transport(ABC):
     # All-reduces of at most this many bytes take the one-shot path (see all_reduce.py); a
     # transport whose measured crossover is above zero says so here.
     default_one_shot_bytes: int = 0
+    # True where one exchange beats the ring at every size, so that larger all-reduces take
+    # one-shot too, `one_shot_bytes` at a time (cuda_ipc on one shared GPU says why).
+    one_shot_at_any_size: bool = False
 
     def __init__(self, rank: int, size: int, *, segment_bytes: int | None = None,
                  one_shot_bytes: int | None = None, timeout: float | None = None,

@@ -1,7 +1,8 @@
 """CUDA IPC on one node: ranks copy, and reduce, straight out of each other's device memory.
 
 The slot protocol (slots.py) with its data on the GPU: slots that carry a message a segment at
-a time, one-shot areas for small all-reduces, and the control lines (which slot holds which
+a time, one-shot areas for all-reduces (small ones, and on one GPU any, an area at a time: see
+`CudaIpcTransport`), and the control lines (which slot holds which
 segment, what each rank has consumed, barrier counts) in a host shared-memory region, where
 the CPU polls them. Only where the data lives, and how it is copied and reduced, differ from
 shm, and `CudaIpcMemory` says so:
@@ -63,6 +64,7 @@ class CudaIpcMemory:
         self.own = None  # this rank's device memory: its slots and one-shot areas
         self.opened: list[int] = []  # peers' memory mapped here, unmapped by `unmap_peers`
         self.gpu = None  # the device this rank uses, chosen in `share`
+        self.one_gpu = False  # whether every rank uses the same GPU, learnt in `share`
 
     def share(self, comm: MPI.Comm, regions: list[Any], offset: int, nbytes: int) -> list[Any]:
         """Allocate this rank's data in device memory and map every peer's (rank order).
@@ -82,6 +84,7 @@ class CudaIpcMemory:
         except (MemoryError, runtime.CUDARuntimeError) as error:
             failure = error
         shared = comm.allgather(mine)
+        self.one_gpu = len(set(comm.allgather(self.gpu.pci_bus_id))) == 1
         if None in shared:
             raise CollectiveError(f"rank {shared.index(None)} could not allocate {nbytes} bytes "
                                   f"of device memory for the cuda_ipc transport; pass a smaller "
@@ -137,14 +140,21 @@ class CudaIpcTransport(SlotTransport):
     """Ranks of `comm` (default `MPI.COMM_WORLD`), all on one node, moving CuPy arrays."""
 
     name = "cuda_ipc"
-    # Chosen, not yet measured: large slots, since every segment costs a stream
-    # synchronisation on each side; one-shot up to 1 MiB, where the ring's 2(N-1) steps of
-    # synchronisations cost more than one exchange.
+    # Large slots, since every segment costs a stream synchronisation on each side.
     default_segment_bytes = 16 << 20
-    default_one_shot_bytes = 1 << 20
+    # One-shot areas of 32 MiB. Measured on one H100 shared by 2 ranks (README, "GPU"): each
+    # time one process's GPU work waits for another's, the GPU switches contexts, about 300 us
+    # without MPS. One exchange per call beat the ring's 2(N-1) steps at every size, 64 MiB in
+    # one exchange taking 844 us against the ring's 2490 (275 against 433 with MPS).
+    default_one_shot_bytes = 32 << 20
 
     def __init__(self, comm: MPI.Comm | None = None, **options: Any) -> None:
         super().__init__(comm, CudaIpcMemory(), **options)
+        # On one GPU the inputs are in the same memory whichever rank reads them, so reading
+        # all N costs no link: all-reduces of any size go one-shot, an area at a time. Across
+        # GPUs one-shot would move N-1 inputs over the links where the ring moves 2(N-1)/N.
+        # (one_shot_bytes=0 still asks for the ring at every size.)
+        self.one_shot_at_any_size = self.memory.one_gpu and self.one_shot_bytes > 0
 
     def close(self) -> None:
         if self.closed:
