@@ -322,13 +322,13 @@ def failure_scenario() -> None:
     if comm.rank == 1:
         transfers = 0
 
-        def fail_at_the_fifth(record: dict) -> None:
+        def fail_at_the_third(record: dict) -> None:
             nonlocal transfers
-            transfers += 1
-            if transfers == 5:
+            transfers += 1  # one per ring step: 4 on 3 ranks
+            if transfers == 3:
                 raise RuntimeError("rank 1 fails on purpose")
 
-        comm.on_transfer(fail_at_the_fifth)
+        comm.on_transfer(fail_at_the_third)
     try:
         comm.all_reduce(work)
     except (RuntimeError, collectives.CollectiveError) as error:
