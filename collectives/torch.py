@@ -4,6 +4,9 @@
     collectives.torch.init_process_group()            # under mpiexec: the default group
     model = DistributedDataParallel(model)            # gradients averaged by ringcc
 
+(CPU tensors, or CUDA ones: the default group makes a communicator on the GPU at its first
+CUDA call.)
+
 or keep the process group you have and let ringcc average DDP's gradient buckets:
 
     comm = collectives.init()
@@ -45,7 +48,7 @@ import collectives
 
 from transports.errors import CollectiveError, InvalidArgumentError, InvalidTypeError
 
-from .arrays import tensor_memory
+from .arrays import module_for_device, tensor_memory
 from .communicator import Communicator
 
 BACKEND = "ringcc"
@@ -108,165 +111,204 @@ def reduce_op(op: Any, call: str) -> str:
 
 
 class ProcessGroup(dist.ProcessGroup):
-    """The ranks of a ringcc Communicator as a torch.distributed process group."""
+    """The ranks of a ringcc Communicator as a torch.distributed process group.
 
-    def __init__(self, comm: Communicator) -> None:
+    A communicator moves one device's arrays. The group moves `comm`'s device's tensors, and,
+    when it was given `make`, the other device's too, through a communicator over the same
+    ranks that `make(device)` returns the first time such a tensor comes (every rank makes the
+    same calls in the same order, so every rank makes it at the same call)."""
+
+    def __init__(self, comm: Communicator,
+                 make: Callable[[str], Communicator] | None = None) -> None:
         super().__init__(comm.rank, comm.size)
         self.comm = comm
+        self._comms = {comm.device: comm}
+        self._make = make
 
     def getBackendName(self) -> str:  # noqa: N802 - PyTorch's name
         return BACKEND
 
-    def _work(self, call: Callable[[], Any], result: Any) -> dist.Work:
+    def _comm_for(self, tensor: torch.Tensor, call: str) -> Communicator:
+        """The communicator that moves `tensor`'s device's arrays; InvalidTypeError naming
+        `call` if this group has none."""
+        device = "cuda" if isinstance(tensor, torch.Tensor) and tensor.is_cuda else "cpu"
+        comm = self._comms.get(device)
+        if comm is None:
+            if self._make is None:
+                raise InvalidTypeError(
+                    f"{call}: this group's communicator moves {self.comm.device} tensors, not "
+                    f"{device} ones; make the group over collectives.init(device={device!r})")
+            comm = self._comms[device] = self._make(device)
+        return comm
+
+    def _work(self, comm: Communicator, call: Callable[[], Any], result: Any) -> dist.Work:
         def done() -> Any:
             call()
             return result
-        return _create_work_from_future(run(self.comm, done))
+        return _create_work_from_future(run(comm, done))
 
     # ---- the collectives: each checks its arguments here, and moves data in the background
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:
+        comm = self._comm_for(tensors[0], "all_reduce")
         op = reduce_op(opts.reduceOp, "all_reduce")
         arrays = [as_array(t, "all_reduce") for t in tensors]
-        return self._work(lambda: [self.comm.all_reduce(a, a, op=op) for a in arrays], tensors)
+        return self._work(comm, lambda: [comm.all_reduce(a, a, op=op) for a in arrays], tensors)
 
     def allgather(self, output_tensors: list[list[torch.Tensor]],
                   input_tensors: list[torch.Tensor], opts: Any) -> dist.Work:
+        comm = self._comm_for(input_tensors[0], "all_gather")
         inputs = [as_array(t, "all_gather") for t in input_tensors]
         outputs = [[as_array(t, "all_gather") for t in outs] for outs in output_tensors]
 
         def gather() -> None:
             for mine, outs in zip(inputs, outputs):
-                for out, block in zip(outs, self.comm.all_gather(mine)):
+                for out, block in zip(outs, comm.all_gather(mine)):
                     out[...] = block
-        return self._work(gather, output_tensors)
+        return self._work(comm, gather, output_tensors)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
                           opts: Any) -> dist.Work:
+        comm = self._comm_for(input, "all_gather_into_tensor")
         mine, out = as_array(input, "all_gather_into_tensor"), \
             as_array(output, "all_gather_into_tensor")
-        if out.size != mine.size * self.comm.size:
+        if out.size != mine.size * comm.size:
             raise InvalidArgumentError(f"all_gather_into_tensor: the output must hold "
-                                       f"{self.comm.size} x {mine.size} elements, got {out.size}")
-        blocks = out.reshape(self.comm.size, *mine.shape)  # a view: gathered in place
-        return self._work(lambda: self.comm.all_gather(mine, blocks), output)
+                                       f"{comm.size} x {mine.size} elements, got {out.size}")
+        blocks = out.reshape(comm.size, *mine.shape)  # a view: gathered in place
+        return self._work(comm, lambda: comm.all_gather(mine, blocks), output)
 
     _allgather_base = all_gather_single  # the name before PyTorch 2.13
 
     def reduce_scatter(self, output_tensors: list[torch.Tensor],
                        input_tensors: list[list[torch.Tensor]], opts: Any) -> dist.Work:
+        comm = self._comm_for(output_tensors[0], "reduce_scatter")
         op = reduce_op(opts.reduceOp, "reduce_scatter")
         outputs = [as_array(t, "reduce_scatter") for t in output_tensors]
         inputs = [[as_array(t, "reduce_scatter") for t in ins] for ins in input_tensors]
 
+        xp = module_for_device(comm.device)
+
         def scatter() -> None:
             for out, ins in zip(outputs, inputs):
-                self.comm.reduce_scatter(numpy.stack(ins), out, op=op)
-        return self._work(scatter, output_tensors)
+                comm.reduce_scatter(xp.stack(ins), out, op=op)
+        return self._work(comm, scatter, output_tensors)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
                               opts: Any) -> dist.Work:
+        comm = self._comm_for(input, "reduce_scatter_tensor")
         op = reduce_op(opts.reduceOp, "reduce_scatter_tensor")
         out, whole = as_array(output, "reduce_scatter_tensor"), \
             as_array(input, "reduce_scatter_tensor")
-        if whole.size != out.size * self.comm.size:
+        if whole.size != out.size * comm.size:
             raise InvalidArgumentError(f"reduce_scatter_tensor: the input must hold "
-                                       f"{self.comm.size} x {out.size} elements, got "
+                                       f"{comm.size} x {out.size} elements, got "
                                        f"{whole.size}")
-        blocks = whole.reshape(self.comm.size, *out.shape)
-        return self._work(lambda: self.comm.reduce_scatter(blocks, out, op=op), output)
+        blocks = whole.reshape(comm.size, *out.shape)
+        return self._work(comm, lambda: comm.reduce_scatter(blocks, out, op=op), output)
 
     _reduce_scatter_base = reduce_scatter_single  # the name before PyTorch 2.13
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:
+        comm = self._comm_for(tensors[0], "broadcast")
         arrays = [as_array(t, "broadcast") for t in tensors]
         root = opts.rootRank
-        return self._work(lambda: [self.comm.broadcast(a, root=root) for a in arrays], tensors)
+        return self._work(comm, lambda: [comm.broadcast(a, root=root) for a in arrays], tensors)
 
     def scatter(self, output_tensors: list[torch.Tensor],
                 input_tensors: list[list[torch.Tensor]], opts: Any) -> dist.Work:
+        comm = self._comm_for(output_tensors[0], "scatter")
         root = opts.rootRank
         out = as_array(output_tensors[0], "scatter")
-        blocks = numpy.stack([as_array(t, "scatter") for t in input_tensors[0]]) \
-            if self.comm.rank == root else None
-        return self._work(lambda: self.comm.scatter(blocks, out, root=root), output_tensors)
+        xp = module_for_device(comm.device)
+        blocks = xp.stack([as_array(t, "scatter") for t in input_tensors[0]]) \
+            if comm.rank == root else None
+        return self._work(comm, lambda: comm.scatter(blocks, out, root=root), output_tensors)
 
     def barrier(self, opts: Any = None) -> dist.Work:
-        return self._work(self.comm.barrier, None)
+        return self._work(self.comm, self.comm.barrier, None)
 
     def gather(self, output_tensors: list[list[torch.Tensor]],
                input_tensors: list[torch.Tensor], opts: Any) -> dist.Work:
+        comm = self._comm_for(input_tensors[0], "gather")
         root = opts.rootRank
         mine = as_array(input_tensors[0], "gather")
         outs = [as_array(t, "gather") for t in output_tensors[0]] \
-            if self.comm.rank == root else []
+            if comm.rank == root else []
 
         def gather() -> None:
-            blocks = self.comm.gather(mine, root=root)
+            blocks = comm.gather(mine, root=root)
             for out, block in zip(outs, blocks if blocks is not None else []):
                 out[...] = block
-        return self._work(gather, output_tensors)
+        return self._work(comm, gather, output_tensors)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:
+        comm = self._comm_for(tensors[0], "reduce")
         op, root = reduce_op(opts.reduceOp, "reduce"), opts.rootRank
         arrays = [as_array(t, "reduce") for t in tensors]
 
         def reduce() -> None:
             for array in arrays:
-                result = self.comm.reduce(array, op=op, root=root)
+                result = comm.reduce(array, op=op, root=root)
                 if result is not None:  # the root's tensor takes the result, as in PyTorch
                     array[...] = result
-        return self._work(reduce, tensors)
+        return self._work(comm, reduce, tensors)
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor,
                       output_split_sizes: list[int], input_split_sizes: list[int],
                       opts: Any) -> dist.Work:
-        size = self.comm.size
+        comm = self._comm_for(input, "all_to_all_single")
+        size = comm.size
         out, mine = as_array(output, "all_to_all_single"), as_array(input, "all_to_all_single")
         if not input_split_sizes and not output_split_sizes:
             if mine.size % size or out.size != mine.size:
                 raise InvalidArgumentError(f"all_to_all_single: {mine.size} and {out.size} "
                                            f"elements do not cut into {size} equal blocks")
-            return self._work(lambda: self.comm.all_to_all(mine.reshape(size, -1),
-                                                           out.reshape(size, -1)), output)
+            return self._work(comm, lambda: comm.all_to_all(mine.reshape(size, -1),
+                                                            out.reshape(size, -1)), output)
         row = int(numpy.prod(mine.shape[1:]))  # splits count rows of the first dimension
+        xp = module_for_device(comm.device)
 
         def uneven() -> None:
             # Every rank must pass the whole matrix of counts (MPI's Alltoallv, as ringcc
             # checks it): each rank says what it sends, and all learn it.
             sends = numpy.array(input_split_sizes or [mine.shape[0] // size] * size) * row
-            matrix = self.comm.all_gather(sends.astype(numpy.int64))
-            self.comm.all_to_all(mine.reshape(-1), out.reshape(-1), counts=matrix.tolist())
-        return self._work(uneven, output)
+            matrix = comm.all_gather(xp.asarray(sends, xp.int64))
+            comm.all_to_all(mine.reshape(-1), out.reshape(-1), counts=matrix.tolist())
+        return self._work(comm, uneven, output)
 
     all_to_all_single = alltoall_base
 
     def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
                  opts: Any) -> dist.Work:
+        comm = self._comm_for(input_tensors[0], "all_to_all")
         outs = [as_array(t, "all_to_all") for t in output_tensors]
         ins = [as_array(t, "all_to_all") for t in input_tensors]
+        xp = module_for_device(comm.device)
 
         def exchange() -> None:
             if len({a.size for a in ins + outs}) == 1:
-                received = self.comm.all_to_all(numpy.stack(ins))
+                received = comm.all_to_all(xp.stack(ins))
             else:  # uneven blocks: every rank learns what every rank sends
-                sends = numpy.array([a.size for a in ins], numpy.int64)
-                matrix = self.comm.all_gather(sends).tolist()
-                flat = self.comm.all_to_all(numpy.concatenate([a.reshape(-1) for a in ins]),
-                                            counts=matrix)
+                sends = xp.asarray([a.size for a in ins], xp.int64)
+                matrix = comm.all_gather(sends).tolist()
+                flat = comm.all_to_all(xp.concatenate([a.reshape(-1) for a in ins]),
+                                       counts=matrix)
                 bounds = numpy.cumsum([0] + [a.size for a in outs])
                 received = [flat[lo:hi] for lo, hi in zip(bounds, bounds[1:])]
             for out, block in zip(outs, received):
                 out[...] = block.reshape(out.shape)
-        return self._work(exchange, output_tensors)
+        return self._work(comm, exchange, output_tensors)
 
     def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> dist.Work:  # noqa: N803
+        comm = self._comm_for(tensors[0], "send")
         arrays = [as_array(t, "send") for t in tensors]
-        return self._work(lambda: [self.comm.send(a, dstRank) for a in arrays], tensors)
+        return self._work(comm, lambda: [comm.send(a, dstRank) for a in arrays], tensors)
 
     def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> dist.Work:  # noqa: N803
+        comm = self._comm_for(tensors[0], "recv")
         arrays = [as_array(t, "recv") for t in tensors]
-        return self._work(lambda: [self.comm.recv(a, srcRank) for a in arrays], tensors)
+        return self._work(comm, lambda: [comm.recv(a, srcRank) for a in arrays], tensors)
 
     # ---- what ringcc does not offer: a clear error rather than PyTorch's own --------------
 
@@ -289,7 +331,8 @@ def process_group(comm: Communicator) -> ProcessGroup:
 def _create(store: Any, rank: int, size: int, timeout: timedelta) -> ProcessGroup:
     """What `dist.init_process_group("ringcc", ...)` calls: a group over every rank of the MPI
     job, which must be the ranks torch was told of."""
-    comm = collectives.init(timeout=timeout.total_seconds() if timeout else None)
+    seconds = timeout.total_seconds() if timeout else None
+    comm = collectives.init(timeout=seconds)
     if (comm.rank, comm.size) != (rank, size):
         found = (comm.rank, comm.size)
         comm.close()
@@ -297,7 +340,9 @@ def _create(store: Any, rank: int, size: int, timeout: timedelta) -> ProcessGrou
                               f"{found[0]} of {found[1]}: the ringcc backend spans the ranks of "
                               f"the MPI job; for a subset, use "
                               f"collectives.torch.process_group(collectives.init(comm=sub))")
-    return ProcessGroup(comm)
+    # CUDA tensors, when they come, over a communicator on the GPU (cuda_ipc on one node).
+    return ProcessGroup(comm, make=lambda device: collectives.init(device=device,
+                                                                   timeout=seconds))
 
 
 def init_process_group(**options: Any) -> None:
@@ -347,4 +392,4 @@ def fp16_compress_hook(comm: Communicator,
 
 
 if BACKEND not in dist.Backend.backend_list:
-    dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
+    dist.Backend.register_backend(BACKEND, _create, devices=["cpu", "cuda"])

@@ -197,11 +197,24 @@ def cuda_scenario(gloo: dist.ProcessGroup) -> None:
         same(ours.cpu(), theirs, "dist.all_reduce of a CUDA tensor on the ringcc backend")
         # DDP on CUDA tensors: over a ringcc group on the GPU, and on Gloo with ringcc's hook
         # on the GPU, against DDP on Gloo (which copies through host memory).
+        # The default group (ringcc's) makes a communicator on the GPU at its first CUDA call.
         reference = train(gloo, None, "cuda")
-        for group, hook in ((ringcc_torch.process_group(comm), None), (gloo, "allreduce_hook")):
+        for group, hook in ((ringcc_torch.process_group(comm), None), (gloo, "allreduce_hook"),
+                            (None, None)):
             for got, want in zip(train(group, hook, "cuda", comm), reference):
                 assert torch.allclose(got, want, rtol=1e-6, atol=1e-6), \
-                    f"CUDA DDP, {hook or 'a ringcc group'}: {(got - want).abs().max()}"
+                    f"CUDA DDP, {hook or group or 'the default group'}: {(got - want).abs().max()}"
+    # A group over a CPU communicator names what it moves. (Called directly: dist.all_reduce,
+    # on an error, asks for the backend of the group, which fails for a group made outside
+    # dist, and raises that instead.)
+    with collectives.init() as host:
+        try:
+            ringcc_torch.process_group(host).allreduce([values(rank, 3).cuda()],
+                                                       dist.AllreduceOptions())
+        except collectives.InvalidTypeError as error:
+            assert "moves cpu tensors, not cuda ones" in str(error), error
+        else:
+            raise AssertionError("a CPU group took a CUDA tensor")
 
 
 SCENARIOS = {"calls": calls_scenario, "ddp": ddp_scenario, "cuda": cuda_scenario}
