@@ -49,8 +49,11 @@ class Impl:
     in_place: tuple[str, ...] = ()  # collectives it makes in place: see `measure.own_buffers`
 
     def can(self, collective: str, dtype: str) -> bool:
-        """Whether it has the collective (a method of that name) and moves `dtype`."""
-        return hasattr(self.comm, collective) and dtype in self.dtypes
+        """Whether it has the collective (a method of that name, and offered on its device) and
+        moves `dtype`."""
+        offered = getattr(self.comm, "offered", None)
+        return hasattr(self.comm, collective) and dtype in self.dtypes \
+            and (offered is None or collective in offered)
 
 
 class MPIPeer:
@@ -113,7 +116,8 @@ class MPIPeer:
 
 class TorchPeer:
     """torch.distributed's calls on one process group (`group`; None: the default one), on
-    tensors that share the NumPy buffers. Roots are group ranks (group_src=, group_dst=).
+    tensors that share the harness's buffers: NumPy ones, or CuPy ones (through DLPack) when
+    `xp` is CuPy. Roots are group ranks (group_src=, group_dst=).
 
     torch.distributed reduces in place, so the harness hands its all_reduce and reduce one
     buffer (`in_place`): the time is the call's alone, without a copy of the input first.
@@ -121,13 +125,14 @@ class TorchPeer:
 
     dtypes = DTYPES
     in_place = ("all_reduce", "reduce")
+    offered: tuple[str, ...] | None = None  # the collectives it makes, if not all it has
 
-    def __init__(self, group: Any, rank: int, size: int) -> None:
+    def __init__(self, group: Any, rank: int, size: int, xp: ModuleType = numpy) -> None:
         import torch
         import torch.distributed as dist
 
         self.torch, self.dist, self.group = torch, dist, group
-        self.rank, self.size = rank, size
+        self.rank, self.size, self.xp = rank, size, xp
         self.ops = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT,
                     "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX, "avg": dist.ReduceOp.AVG}
         # The names of torch >= 2.13, else the older ones.
@@ -135,12 +140,16 @@ class TorchPeer:
         self._reduce_scatter = (getattr(dist, "reduce_scatter_single", None)
                                 or dist.reduce_scatter_tensor)
 
-    def _tensor(self, buf: numpy.ndarray) -> Any:
-        return self.torch.from_numpy(buf).reshape(-1)
+    def _rows(self, buf: Any) -> Any:
+        """A tensor over `buf`'s memory, its shape kept."""
+        return self.torch.from_numpy(buf) if self.xp is numpy else self.torch.from_dlpack(buf)
+
+    def _tensor(self, buf: Any) -> Any:
+        return self._rows(buf).reshape(-1)
 
     def all_reduce(self, sendbuf: numpy.ndarray, recvbuf: numpy.ndarray, op: str = "sum") -> None:
         if recvbuf is not sendbuf:
-            numpy.copyto(recvbuf, sendbuf)
+            self.xp.copyto(recvbuf, sendbuf)
         self.dist.all_reduce(self._tensor(recvbuf), op=self.ops[op], group=self.group)
 
     def all_gather(self, sendbuf: numpy.ndarray, recvbuf: numpy.ndarray) -> None:
@@ -150,7 +159,7 @@ class TorchPeer:
         self.dist.broadcast(self._tensor(buf), group=self.group, group_src=root)
 
     def scatter(self, sendbuf: numpy.ndarray, recvbuf: numpy.ndarray, root: int = 0) -> None:
-        blocks = list(self.torch.from_numpy(sendbuf)) if self.rank == root else None
+        blocks = list(self._rows(sendbuf)) if self.rank == root else None
         self.dist.scatter(self._tensor(recvbuf), blocks, group=self.group, group_src=root)
 
     def reduce_scatter(self, sendbuf: numpy.ndarray, recvbuf: numpy.ndarray,
@@ -159,13 +168,13 @@ class TorchPeer:
                              group=self.group)
 
     def gather(self, sendbuf: numpy.ndarray, recvbuf: numpy.ndarray, root: int = 0) -> None:
-        rows = list(self.torch.from_numpy(recvbuf)) if self.rank == root else None
+        rows = list(self._rows(recvbuf)) if self.rank == root else None
         self.dist.gather(self._tensor(sendbuf), rows, group=self.group, group_dst=root)
 
     def reduce(self, sendbuf: numpy.ndarray, recvbuf: numpy.ndarray, op: str = "sum",
                root: int = 0) -> None:
         if recvbuf is not sendbuf:
-            numpy.copyto(recvbuf, sendbuf)
+            self.xp.copyto(recvbuf, sendbuf)
         self.dist.reduce(self._tensor(recvbuf), op=self.ops[op], group=self.group,
                          group_dst=root)
 
@@ -175,7 +184,9 @@ class TorchPeer:
 
 
 class GlooPeer(TorchPeer):
-    """torch.distributed with the Gloo backend, as the default process group.
+    """torch.distributed with the Gloo backend, as the default process group, on CPU tensors,
+    or on CUDA ones with `device="cuda"` (Gloo copies them through host memory; it all-reduces
+    and broadcasts them, and nothing else).
 
     Rank and size come from MPI; rank 0 opens a TCP store (on 127.0.0.1 when every rank runs
     on one host) and broadcasts its port over MPI.
@@ -183,7 +194,7 @@ class GlooPeer(TorchPeer):
 
     dtypes = tuple(d for d in DTYPES if d not in ("uint32", "uint64"))  # Gloo has neither
 
-    def __init__(self, world: MPI.Comm) -> None:
+    def __init__(self, world: MPI.Comm, device: str = "cpu") -> None:
         import torch
         import torch.distributed as dist
 
@@ -198,7 +209,11 @@ class GlooPeer(TorchPeer):
             store = dist.TCPStore(address, port, size, is_master=False)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=size,
                                 timeout=timedelta(seconds=300))
-        super().__init__(None, rank, size)
+        xp = module_for_device(device)
+        super().__init__(None, rank, size, xp)
+        if device == "cuda":
+            torch.cuda.set_device(xp.cuda.Device().id)  # the GPU ringcc gives this rank
+            self.offered = ("all_reduce", "broadcast")
 
     def sendrecv(self, sendbuf: numpy.ndarray, dst: int, recvbuf: numpy.ndarray,
                  src: int) -> None:
@@ -213,18 +228,18 @@ class GlooPeer(TorchPeer):
 
 class TorchRingccPeer(TorchPeer):
     """torch.distributed's calls on the ringcc backend (`collectives.torch.process_group`) over
-    a communicator of its own on the main transport: beside ringcc's own call, the cost of the
-    torch layer."""
+    a communicator of its own on the main transport (on `device`): beside ringcc's own call,
+    the cost of the torch layer."""
 
-    def __init__(self, transport: str) -> None:
+    def __init__(self, transport: str, device: str = "cpu") -> None:
         import torch
 
         import collectives.torch
 
         torch.set_num_threads(1)  # ranks share the cores
-        self.comm = collectives.init(transport)
+        self.comm = collectives.init(transport, device=device)
         super().__init__(collectives.torch.process_group(self.comm), self.comm.rank,
-                         self.comm.size)
+                         self.comm.size, module_for_device(device))
 
     def sendrecv(self, sendbuf: numpy.ndarray, dst: int, recvbuf: numpy.ndarray,
                  src: int) -> None:
@@ -390,11 +405,8 @@ def open_impls(args: argparse.Namespace, world: MPI.Comm,
             if peer == "gloo" and not torch.distributed.is_gloo_available():
                 notes.append("gloo: this torch has no Gloo backend; the gloo peer is skipped")
                 continue
-            if peer == "torch-ringcc" and args.device != "cpu":
-                notes.append("torch-ringcc: the ringcc backend moves CPU tensors; the "
-                             "torch-ringcc peer is skipped with --device cuda")
-                continue
-            comm = GlooPeer(world) if peer == "gloo" else TorchRingccPeer(args.transport[0])
+            comm = GlooPeer(world, args.device) if peer == "gloo" else \
+                TorchRingccPeer(args.transport[0], args.device)
         elif peer == "copy":
             comm = device.CopyPeer(module_for_device(args.device), world.Get_rank(),
                                    world.Get_size())

@@ -4,6 +4,7 @@ the memory bound's work, a peer that lacks a collective, and real runs checked a
 from __future__ import annotations
 
 import json
+import types
 
 import numpy
 import pytest
@@ -82,6 +83,10 @@ def test_an_implementation_without_the_collective_is_not_measured():
                                                                              "uint64")
     ringcc_torch = peers.Impl("torch-ringcc", peers.TorchRingccPeer)
     assert not ringcc_torch.can("scan", "float32") and ringcc_torch.can("sendrecv", "uint64")
+    # Gloo on CUDA tensors all-reduces and broadcasts them, and nothing else.
+    gloo_on_cuda = types.SimpleNamespace(all_reduce=None, gather=None, offered=("all_reduce",))
+    assert peers.Impl("gloo", gloo_on_cuda).can("all_reduce", "float32")
+    assert not peers.Impl("gloo", gloo_on_cuda).can("gather", "float32")
 
 
 def test_scan_beside_a_peer_that_has_none(tmp_path):
