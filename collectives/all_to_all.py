@@ -17,6 +17,11 @@ steps by forwarding blocks, at log2 N / 2 times the bytes.
 
 Uneven blocks (`counts`, MPI's Alltoallv) follow the same schedule: `send_bounds[j]` is the
 block for rank j, `recv_bounds[i]` the one from rank i.
+
+Small equal blocks take one exchange instead (`one_shot_all_to_all`): each rank publishes its
+whole buffer and takes its own block out of every other's. N-1 steps each wait for one peer;
+on ranks that outnumber cores, each such wait may wait for the peer to be scheduled, so one
+wait for all pays that once.
 """
 
 from __future__ import annotations
@@ -38,3 +43,19 @@ def pairwise_all_to_all(transport: Transport, mine: Any, work: Any,
         transport.at("all-to-all", step)
         transport.sendrecv(mine[slice(*send_bounds[dst])], dst,
                            work[slice(*recv_bounds[src])], src)
+
+
+def one_shot_all_to_all(transport: Transport, mine: Any, work: Any,
+                        bounds: list[tuple[int, int]]) -> None:
+    """The all-to-all of equal blocks (at `bounds`) in one exchange (`Transport.all_inputs`,
+    which also carries the call's check): block i of `work` is this rank's block of rank i's
+    published `mine`. Counted as the pairwise exchange is: one block to and from each peer."""
+    rank, size = transport.rank, transport.size
+    transport.at("one-shot")
+    mine_lo, mine_hi = bounds[rank]
+    inputs = transport.all_inputs(mine, counted=False)
+    for step in range(1, size):
+        dst, src = (rank + step) % size, (rank - step) % size
+        transport.count(mine[slice(*bounds[dst])], dst, work[slice(*bounds[src])], src)
+    for src, (lo, hi) in enumerate(bounds):
+        work[lo:hi] = inputs[src][mine_lo:mine_hi]

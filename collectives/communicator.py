@@ -23,7 +23,7 @@ from transports.errors import CollectiveError, InvalidArgumentError, InvalidType
 
 from .all_gather import one_shot_all_gather, ring_all_gather
 from .all_reduce import auto_algorithm, one_shot_all_reduce, ring_all_reduce
-from .all_to_all import pairwise_all_to_all
+from .all_to_all import one_shot_all_to_all, pairwise_all_to_all
 from .arguments import check_buffers, check_root, check_writeable, output
 from .arrays import flat_work, same_memory
 from .blocks import check_counts, exchanged, gathered, split
@@ -456,11 +456,20 @@ class Communicator:
         recvbuf = output(recvbuf, shape, sendbuf.dtype, xp)
         work, copied = flat_work(recvbuf, xp)
         mine = flat_work(sendbuf, xp)[0]
-        if xp.may_share_memory(mine, work):
-            mine = mine.copy()  # in place: blocks land where others are yet to leave
-        self._begin("all_to_all", total, sendbuf.dtype, counts=counts, first_exchange=True)
-        pairwise_all_to_all(self._transport, mine, work, send_bounds, recv_bounds)
-        self._transport.checked()
+        transport = self._transport
+        if counts is None and 0 < mine.nbytes <= transport.one_shot_bytes \
+                and transport.trace is None:
+            # Small equal blocks: one exchange, which carries the call check along (and
+            # publishes `mine` before anything lands in `work`, so in place needs no copy).
+            # Traced calls keep the pairwise steps, which the explainer shows.
+            self._begin("all_to_all", total, sendbuf.dtype, folded=True)
+            one_shot_all_to_all(transport, mine, work, send_bounds)
+        else:
+            if xp.may_share_memory(mine, work):
+                mine = mine.copy()  # in place: blocks land where others are yet to leave
+            self._begin("all_to_all", total, sendbuf.dtype, counts=counts, first_exchange=True)
+            pairwise_all_to_all(transport, mine, work, send_bounds, recv_bounds)
+            transport.checked()
         if copied:
             recvbuf[...] = work.reshape(recvbuf.shape)
         return recvbuf

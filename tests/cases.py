@@ -161,7 +161,10 @@ def all_to_all_case(comm: Any, count: int, dtype: str, layout: str, in_place: bo
     before = mine.copy()
     out = comm.all_to_all(mine, mine if in_place else None)
     assert out is mine if in_place else numpy.array_equal(mine, before)
-    return {"result": numpy.ascontiguousarray(out), "stats": vars(comm.stats).copy()}
+    # Where the algorithm ended ("one-shot" or "all-to-all"), where the transport shows it.
+    phase = getattr(getattr(comm, "_transport", None), "phase", None)
+    return {"result": numpy.ascontiguousarray(out), "stats": vars(comm.stats).copy(),
+            "phase": phase}
 
 
 def scan_case(comm: Any, count: int, dtype: str, op: str, layout: str, in_place: bool,

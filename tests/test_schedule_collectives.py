@@ -15,6 +15,7 @@ from collections import Counter
 import numpy
 import pytest
 
+import cases
 from collectives import all_to_all, chunk_bounds, gather, reduce, scan
 from test_schedule import COUNTS, ITEM, SIZES, data, own_contributions, replay, traced_run
 
@@ -231,6 +232,22 @@ def test_all_to_all_scan_and_sendrecv_move_what_their_bounds_say(run, size):
         assert scanned[rank]["stats"]["bytes_received"] == receives * count * 8
         assert shifted[rank]["stats"]["bytes_sent"] == (count * 8 if size > 1 else 0)
         assert shifted[rank]["stats"]["messages"] == (1 if size > 1 else 0)
+
+
+@pytest.mark.parametrize("size", [2, 3, 5])
+def test_a_small_all_to_all_in_one_exchange_counts_what_the_pairwise_one_moves(run, size):
+    """Small equal blocks go in one exchange (each rank publishes its buffer, each peer takes
+    its block): right in place and not, and counted as one block to and from each peer."""
+    count = 1000
+    for in_place in (False, True):
+        exchanged = run("all_to_all_case", size, "one_shot", count=count, dtype="float32",
+                        layout="flat", in_place=in_place)
+        cases.check_all_to_all(exchanged, count, "float32")
+        for rank in range(size):
+            assert exchanged[rank]["phase"] == "one-shot"
+            stats = exchanged[rank]["stats"]
+            assert stats["bytes_sent"] == stats["bytes_received"] == (size - 1) * count * 4
+            assert stats["messages"] == size - 1
 
 
 @pytest.mark.parametrize("size", [2, 3, 5])

@@ -223,6 +223,13 @@ class Transport(ABC):
                 record["start"], record["end"] = start, end
         return inputs
 
+    def count(self, sendbuf: Any, dst: int, recvbuf: Any, src: int) -> None:
+        """Count a transfer that an uncounted exchange made (`all_inputs(counted=False)`), in
+        `stats` and, as one that has ended, in the trace and the transfer hook."""
+        record = self._count("copy", sendbuf, dst, recvbuf, src)
+        if record is not None:
+            record["end"] = record["start"]
+
     def check_first(self, check: Callable[[], None]) -> None:
         """Make the call's `check` (an exchange of descriptors) before its data moves: here,
         at once. A transport that can make it inside the call's first exchange, overlapping
