@@ -30,13 +30,13 @@ from .blocks import check_counts, exchanged, gathered, split
 from .broadcast import ring_broadcast
 from .calls import collective, current_device
 from .check import MessagesDiffer, agree, descriptor, disagreement, pair_agree
-from .gather import gather_to_root
+from .gather import gather_to_root, one_shot_gather
 from .hierarchical import hierarchical_all_reduce
 from .naive import naive_ring_all_reduce, reduce_broadcast_all_reduce
 from .ops import identity, resolve_op
 from .point_to_point import Messages
-from .reduce import reduce_to_root
-from .reduce_scatter import ring_reduce_scatter
+from .reduce import one_shot_reduce, reduce_to_root
+from .reduce_scatter import one_shot_reduce_scatter, ring_reduce_scatter
 from .scan import recursive_doubling_scan
 from .scatter import scatter_from_root
 from .small import small_all_reduce
@@ -315,10 +315,16 @@ class Communicator:
             work, copied = flat_work(recvbuf, xp)
             if same_memory(mine, work[slice(*bounds[root])], xp):
                 mine = None  # in place: the root's block is already where it belongs
-        self._begin("gather", bounds[-1][1] if counts else sendbuf.size, sendbuf.dtype,
-                    root=root, counts=counts, first_exchange=True)
-        gather_to_root(self._transport, mine, work, bounds, root)
-        self._transport.checked()
+        if counts is None and self._one_shot(sendbuf):
+            # Small equal blocks: one exchange, which carries the call check along.
+            self._begin("gather", sendbuf.size, sendbuf.dtype, root=root, folded=True)
+            one_shot_gather(self._transport, work[slice(*bounds[root])] if mine is None
+                            else mine, work, bounds, root)
+        else:
+            self._begin("gather", bounds[-1][1] if counts else sendbuf.size, sendbuf.dtype,
+                        root=root, counts=counts, first_exchange=True)
+            gather_to_root(self._transport, mine, work, bounds, root)
+            self._transport.checked()
         if copied:
             recvbuf[...] = work.reshape(recvbuf.shape)
         return recvbuf
@@ -337,15 +343,20 @@ class Communicator:
         check_buffers(xp, self.transport, sendbuf, recvbuf)
         ufunc = resolve_op(op, sendbuf.dtype, xp)
         copied = False
+        one_shot = self._one_shot(sendbuf)
         if self.rank == root:
             recvbuf, in_place = self._result(sendbuf, recvbuf)
             work, copied = flat_work(recvbuf, xp)
             mine = work if in_place else flat_work(sendbuf, xp)[0]
         else:
             mine = flat_work(sendbuf, xp)[0]
-            work = xp.empty_like(mine)  # the chunks in flight
-        self._begin("reduce", sendbuf.size, sendbuf.dtype, op, root)
-        reduce_to_root(self._transport, mine, work, ufunc, root, average=(op == "avg"))
+            work = None if one_shot else xp.empty_like(mine)  # the chunks in flight
+        if one_shot:  # a small buffer: one exchange, which carries the call check along
+            self._begin("reduce", sendbuf.size, sendbuf.dtype, op, root, folded=True)
+            one_shot_reduce(self._transport, mine, work, ufunc, root, average=(op == "avg"))
+        else:
+            self._begin("reduce", sendbuf.size, sendbuf.dtype, op, root)
+            reduce_to_root(self._transport, mine, work, ufunc, root, average=(op == "avg"))
         if copied:
             recvbuf[...] = work.reshape(recvbuf.shape)
         return recvbuf
@@ -423,6 +434,14 @@ class Communicator:
         shape = shapes[self.rank]
         recvbuf = output(recvbuf, shape, sendbuf.dtype, xp)
         mine = flat_work(sendbuf, xp)[0]
+        if counts is None and self._one_shot(sendbuf):
+            # Small equal blocks: one exchange, which carries the call check along.
+            out, copied = flat_work(recvbuf, xp)
+            self._begin("reduce_scatter", sendbuf.size, sendbuf.dtype, op, folded=True)
+            one_shot_reduce_scatter(self._transport, mine, ufunc, op == "avg", bounds, out)
+            if copied:
+                recvbuf[...] = out.reshape(recvbuf.shape)
+            return recvbuf
         work = xp.empty_like(mine)  # the chunks in flight; `mine` is only read
         # The last step reduces straight into recvbuf: no copy after. Not when recvbuf
         # overlaps the input, which is still being read then; nor while tracing, so that
@@ -457,8 +476,7 @@ class Communicator:
         work, copied = flat_work(recvbuf, xp)
         mine = flat_work(sendbuf, xp)[0]
         transport = self._transport
-        if counts is None and 0 < mine.nbytes <= transport.one_shot_bytes \
-                and transport.trace is None:
+        if counts is None and self._one_shot(sendbuf) and transport.trace is None:
             # Small equal blocks: one exchange, which carries the call check along (and
             # publishes `mine` before anything lands in `work`, so in place needs no copy).
             # Traced calls keep the pairwise steps, which the explainer shows.
@@ -635,6 +653,11 @@ class Communicator:
         if self._broken is not None:
             raise CollectiveError(f"rank {self.rank}: this communicator cannot be used since "
                                   f"{self._broken}; make a new one")
+
+    def _one_shot(self, sendbuf: Any) -> bool:
+        """Whether a call on `sendbuf` (equal blocks) takes one exchange: on two or more ranks,
+        up to `one_shot_bytes`, as the small all-reduce does."""
+        return self.size > 1 and 0 < sendbuf.nbytes <= self._transport.one_shot_bytes
 
     def _begin(self, collective: str, count: int = -1, dtype: Any = None, op: str | None = None,
                root: int = -1, folded: bool = False, counts: tuple | None = None,

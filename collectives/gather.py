@@ -23,6 +23,9 @@ A binomial tree would cut the root's N-1 steps to log2 N by forwarding blocks th
 ranks: worth it where each message pays a long latency, not between the cores of one node.
 
 Uneven blocks (`counts`, MPI's Gatherv) follow the same schedule with uneven bounds.
+
+Small equal blocks take one exchange instead (`one_shot_gather`): every rank publishes its
+block in its one-shot area, and the root copies them out; one wait instead of N-1 steps.
 """
 
 from __future__ import annotations
@@ -48,3 +51,21 @@ def gather_to_root(transport: Transport, mine: Any | None, work: Any,
         peer = (root + 1 + step) % size
         transport.at("gather", step)
         transport.recv(work[slice(*bounds[peer])], peer)
+
+
+def one_shot_gather(transport: Transport, mine: Any, work: Any | None,
+                    bounds: list[tuple[int, int]], root: int) -> None:
+    """The gather of equal blocks (at `bounds`) in one exchange (`Transport.all_inputs`, which
+    also carries the call's check): every rank publishes its flat block `mine`, and the root
+    copies each into its flat result `work`. Counted as `gather_to_root` is: one block from
+    each rank to the root."""
+    rank = transport.rank
+    transport.at("one-shot")
+    inputs = transport.all_inputs(mine, counted=False)
+    if rank != root:
+        transport.count(mine, root, None, None)
+        return
+    for src, (lo, hi) in enumerate(bounds):
+        if src != root:
+            transport.count(None, None, work[lo:hi], src)
+        work[lo:hi] = inputs[src]

@@ -25,6 +25,9 @@ in the second), the root (N-1)/N S; the root receives 2(N-1)/N S. A pipelined ch
 receives the running reduction, adds its own and passes it on) would send S from every rank
 and receive S at the root, but each rank would reduce the whole buffer, and the last segment
 would reach the root only after N-1 hops. Both keep scratch at S on every rank but the root.
+
+Small buffers take one exchange instead (`one_shot_reduce`): every rank publishes its buffer,
+and the root reduces all N in rank order, as the one-shot all-reduce does.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Any
 
 from transports.base import ReduceOp, Transport
 
+from .all_reduce import reduce_in_rank_order
 from .chunking import chunk_bounds
 from .gather import gather_to_root
 from .ring import reduce_scatter_pass
@@ -53,3 +57,20 @@ def reduce_to_root(transport: Transport, mine: Any, work: Any, op: ReduceOp, roo
     if average:
         transport.xp.true_divide(chunk, size, out=chunk)
     gather_to_root(transport, None if rank == root else chunk, work, bounds, root)
+
+
+def one_shot_reduce(transport: Transport, mine: Any, work: Any | None, op: ReduceOp, root: int,
+                    average: bool = False) -> None:
+    """The reduction of every rank's flat `mine` into the root's flat `work` (which may be
+    `mine`), in one exchange (`Transport.all_inputs`, which also carries the call's check); two
+    or more ranks. Counted as what moves: each rank's buffer to the root."""
+    rank = transport.rank
+    transport.at("one-shot")
+    inputs = transport.all_inputs(mine, counted=False)
+    if rank != root:
+        transport.count(mine, root, None, None)
+        return
+    for src in range(transport.size):
+        if src != root:
+            transport.count(None, None, work, src)
+    reduce_in_rank_order(transport.xp, inputs, op, average, out=work)

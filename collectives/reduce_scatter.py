@@ -5,6 +5,10 @@ the block each rank finishes with is its own: in step s, rank r sends block (r -
 receives block (r - s - 2), reducing it into its copy. Each rank sends (N-1)/N of the input.
 Uneven blocks (`counts`, MPI's Reduce_scatter) take the same ring: each rank then sends every
 block but its own.
+
+Small buffers of equal blocks take one exchange instead (`one_shot_reduce_scatter`): every rank
+publishes its buffer, and each reduces its own block of all N in rank order, as the one-shot
+all-reduce does; one wait instead of N-1 steps.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from typing import Any
 
 from transports.base import ReduceOp, Transport
 
+from .all_reduce import reduce_in_rank_order
 from .ring import reduce_scatter_pass
 
 
@@ -36,3 +41,19 @@ def ring_reduce_scatter(transport: Transport, mine: Any, work: Any, op: ReduceOp
     if average:
         transport.xp.true_divide(result, size, out=result)
     return result
+
+
+def one_shot_reduce_scatter(transport: Transport, mine: Any, op: ReduceOp, average: bool,
+                            bounds: list[tuple[int, int]], out: Any) -> None:
+    """Reduce-scatter the flat array `mine` (equal blocks at `bounds`) into this rank's flat
+    block `out`, in one exchange (`Transport.all_inputs`, which also carries the call's check);
+    two or more ranks. Counted as the ring is: one block to and from each peer."""
+    rank, size = transport.rank, transport.size
+    transport.at("one-shot")
+    inputs = transport.all_inputs(mine, counted=False)
+    for step in range(1, size):
+        dst, src = (rank + step) % size, (rank - step) % size
+        transport.count(mine[slice(*bounds[dst])], dst, out, src)
+    lo, hi = bounds[rank]
+    reduce_in_rank_order(transport.xp, [theirs[lo:hi] for theirs in inputs], op, average,
+                         out=out)

@@ -107,12 +107,18 @@ def scatter_case(comm: Any, count: int, dtype: str, root: int, given: bool) -> d
     return {"result": out}
 
 
+def ended_in(comm: Any) -> str | None:
+    """The phase the call's algorithm ended in ("one-shot" for one exchange), as the
+    transport shows it; None where there is no transport to ask (the GPU driver's wrapper)."""
+    return getattr(getattr(comm, "_transport", None), "phase", None)
+
+
 def reduce_scatter_case(comm: Any, count: int, dtype: str, op: str) -> dict:
     sendbuf = values(comm.rank, comm.size * count, dtype).reshape(comm.size, count)
     before = sendbuf.copy()
     out = comm.reduce_scatter(sendbuf, op=op)
     assert numpy.array_equal(sendbuf, before), "reduce_scatter changed its sendbuf"
-    return {"result": out}
+    return {"result": out, "stats": vars(comm.stats).copy(), "phase": ended_in(comm)}
 
 
 def gather_case(comm: Any, count: int, dtype: str, layout: str, root: int,
@@ -128,7 +134,7 @@ def gather_case(comm: Any, count: int, dtype: str, layout: str, root: int,
             mine = recvbuf[root]
     out = comm.gather(mine, recvbuf, root=root)
     assert (out is None) == (comm.rank != root) and (recvbuf is None or out is recvbuf)
-    return {"result": out, "stats": vars(comm.stats).copy()}
+    return {"result": out, "stats": vars(comm.stats).copy(), "phase": ended_in(comm)}
 
 
 def reduce_case(comm: Any, count: int, dtype: str, op: str, layout: str, root: int,
@@ -143,7 +149,7 @@ def reduce_case(comm: Any, count: int, dtype: str, op: str, layout: str, root: i
         assert numpy.array_equal(mine, before), "reduce changed its sendbuf"
     assert (out is None) == (comm.rank != root)
     return {"result": None if out is None else numpy.ascontiguousarray(out),
-            "stats": vars(comm.stats).copy()}
+            "stats": vars(comm.stats).copy(), "phase": ended_in(comm)}
 
 
 def blocks_laid_out(flat: numpy.ndarray, size: int, layout: str) -> numpy.ndarray:
@@ -161,10 +167,8 @@ def all_to_all_case(comm: Any, count: int, dtype: str, layout: str, in_place: bo
     before = mine.copy()
     out = comm.all_to_all(mine, mine if in_place else None)
     assert out is mine if in_place else numpy.array_equal(mine, before)
-    # Where the algorithm ended ("one-shot" or "all-to-all"), where the transport shows it.
-    phase = getattr(getattr(comm, "_transport", None), "phase", None)
     return {"result": numpy.ascontiguousarray(out), "stats": vars(comm.stats).copy(),
-            "phase": phase}
+            "phase": ended_in(comm)}
 
 
 def scan_case(comm: Any, count: int, dtype: str, op: str, layout: str, in_place: bool,

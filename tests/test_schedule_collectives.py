@@ -235,19 +235,39 @@ def test_all_to_all_scan_and_sendrecv_move_what_their_bounds_say(run, size):
 
 
 @pytest.mark.parametrize("size", [2, 3, 5])
-def test_a_small_all_to_all_in_one_exchange_counts_what_the_pairwise_one_moves(run, size):
-    """Small equal blocks go in one exchange (each rank publishes its buffer, each peer takes
-    its block): right in place and not, and counted as one block to and from each peer."""
-    count = 1000
+def test_small_calls_in_one_exchange_count_what_their_steps_move(run, size):
+    """Small equal blocks go in one exchange (each rank publishes its buffer once; the others
+    take what is theirs): right in place and not, at every root, and counted as the step-by-step
+    algorithms count what moves."""
+    count, root, item = 1000, size - 1, 4
     for in_place in (False, True):
         exchanged = run("all_to_all_case", size, "one_shot", count=count, dtype="float32",
                         layout="flat", in_place=in_place)
         cases.check_all_to_all(exchanged, count, "float32")
+        gathered = run("gather_case", size, "one_shot", count=count, dtype="float32",
+                       layout="strided", root=root, recv="in place" if in_place else "none")
+        cases.check_gather(gathered, count, "float32", "strided", root)
+        reduced = run("reduce_case", size, "one_shot", count=count, dtype="float32", op="avg",
+                      layout="flat", root=root, in_place=in_place)
+        cases.check_reduce(reduced, count, "float32", "avg", "flat", root)
         for rank in range(size):
-            assert exchanged[rank]["phase"] == "one-shot"
+            for result in (exchanged, gathered, reduced):
+                assert result[rank]["phase"] == "one-shot"
             stats = exchanged[rank]["stats"]
-            assert stats["bytes_sent"] == stats["bytes_received"] == (size - 1) * count * 4
+            assert stats["bytes_sent"] == stats["bytes_received"] == (size - 1) * count * item
             assert stats["messages"] == size - 1
+            for result in (gathered, reduced):  # one buffer from each rank to the root
+                stats = result[rank]["stats"]
+                assert stats["bytes_sent"] == (0 if rank == root else count * item)
+                assert stats["bytes_received"] == \
+                    ((size - 1) * count * item if rank == root else 0)
+    scattered = run("reduce_scatter_case", size, "one_shot", count=count, dtype="int64",
+                    op="prod")
+    cases.check_reduce_scatter(scattered, count, "int64", "prod")
+    for rank in range(size):
+        assert scattered[rank]["phase"] == "one-shot"
+        stats = scattered[rank]["stats"]
+        assert stats["bytes_sent"] == stats["bytes_received"] == (size - 1) * count * 8
 
 
 @pytest.mark.parametrize("size", [2, 3, 5])

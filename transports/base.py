@@ -223,7 +223,8 @@ class Transport(ABC):
                 record["start"], record["end"] = start, end
         return inputs
 
-    def count(self, sendbuf: Any, dst: int, recvbuf: Any, src: int) -> None:
+    def count(self, sendbuf: Any | None, dst: int | None, recvbuf: Any | None,
+              src: int | None) -> None:
         """Count a transfer that an uncounted exchange made (`all_inputs(counted=False)`), in
         `stats` and, as one that has ended, in the trace and the transfer hook."""
         record = self._count("copy", sendbuf, dst, recvbuf, src)
