@@ -30,7 +30,7 @@ block in its one-shot area, and the root copies them out; one wait instead of N-
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from transports.base import Transport
 
@@ -55,17 +55,25 @@ def gather_to_root(transport: Transport, mine: Any | None, work: Any,
 
 def one_shot_gather(transport: Transport, mine: Any, work: Any | None,
                     bounds: list[tuple[int, int]], root: int) -> None:
-    """The gather of equal blocks (at `bounds`) in one exchange (`Transport.all_inputs`, which
-    also carries the call's check): every rank publishes its flat block `mine`, and the root
-    copies each into its flat result `work`. Counted as `gather_to_root` is: one block from
-    each rank to the root."""
-    rank = transport.rank
+    """The gather of equal blocks (at `bounds`) in one exchange: every rank publishes its flat
+    block `mine`, and the root copies each into its flat result `work`."""
+    inputs = inputs_at_root(transport, mine, root, lambda src: work[slice(*bounds[src])])
+    if inputs is not None:
+        for (lo, hi), block in zip(bounds, inputs):
+            work[lo:hi] = block
+
+
+def inputs_at_root(transport: Transport, mine: Any, root: int,
+                   lands: Callable[[int], Any]) -> list[Any] | None:
+    """Every rank's flat `mine`, in rank order, at the root (None elsewhere), from one exchange
+    (`Transport.all_inputs`, which also carries the call's check). Counted as what the root
+    takes: one message from each rank, the size of `lands(src)`, where src's lands."""
     transport.at("one-shot")
     inputs = transport.all_inputs(mine, counted=False)
-    if rank != root:
+    if transport.rank != root:
         transport.count(mine, root, None, None)
-        return
-    for src, (lo, hi) in enumerate(bounds):
+        return None
+    for src in range(transport.size):
         if src != root:
-            transport.count(None, None, work[lo:hi], src)
-        work[lo:hi] = inputs[src]
+            transport.count(None, None, lands(src), src)
+    return inputs

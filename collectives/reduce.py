@@ -38,7 +38,7 @@ from transports.base import ReduceOp, Transport
 
 from .all_reduce import reduce_in_rank_order
 from .chunking import chunk_bounds
-from .gather import gather_to_root
+from .gather import gather_to_root, inputs_at_root
 from .ring import reduce_scatter_pass
 
 
@@ -62,15 +62,7 @@ def reduce_to_root(transport: Transport, mine: Any, work: Any, op: ReduceOp, roo
 def one_shot_reduce(transport: Transport, mine: Any, work: Any | None, op: ReduceOp, root: int,
                     average: bool = False) -> None:
     """The reduction of every rank's flat `mine` into the root's flat `work` (which may be
-    `mine`), in one exchange (`Transport.all_inputs`, which also carries the call's check); two
-    or more ranks. Counted as what moves: each rank's buffer to the root."""
-    rank = transport.rank
-    transport.at("one-shot")
-    inputs = transport.all_inputs(mine, counted=False)
-    if rank != root:
-        transport.count(mine, root, None, None)
-        return
-    for src in range(transport.size):
-        if src != root:
-            transport.count(None, None, work, src)
-    reduce_in_rank_order(transport.xp, inputs, op, average, out=work)
+    `mine`), in one exchange, in rank order; two or more ranks."""
+    inputs = inputs_at_root(transport, mine, root, lambda src: work)
+    if inputs is not None:
+        reduce_in_rank_order(transport.xp, inputs, op, average, out=work)

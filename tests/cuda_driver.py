@@ -167,11 +167,8 @@ def sweep(comm: OnDevice) -> int:
     examples = 0
     for dtype in cases.DTYPES:
         for count in COUNTS:
+            all_reduce_kinds(comm, count, dtype)
             for op in cases.ops_for(dtype):
-                for layout, in_place in LAYOUTS:
-                    check_everywhere(comm, "all_reduce_case", cases.check_all_reduce,
-                                     count=count, dtype=dtype, op=op, layout=layout,
-                                     in_place=in_place)
                 check_everywhere(comm, "reduce_scatter_case", cases.check_reduce_scatter,
                                  count=count, dtype=dtype, op=op)
             for layout, given in LAYOUTS:
@@ -192,18 +189,20 @@ def sweep(comm: OnDevice) -> int:
     return examples
 
 
+def all_reduce_kinds(comm: OnDevice, count: int, dtype: str) -> None:
+    """All-reduce at one count and dtype: every op, layout, in place and not."""
+    for op in cases.ops_for(dtype):
+        for layout, in_place in LAYOUTS:
+            check_everywhere(comm, "all_reduce_case", cases.check_all_reduce, count=count,
+                             dtype=dtype, op=op, layout=layout, in_place=in_place)
+
+
 def sweep_all_reduce(comm: OnDevice) -> int:
     """The all-reduce part of `sweep` alone."""
-    examples = 0
     for dtype in cases.DTYPES:
         for count in COUNTS:
-            for op in cases.ops_for(dtype):
-                for layout, in_place in LAYOUTS:
-                    check_everywhere(comm, "all_reduce_case", cases.check_all_reduce,
-                                     count=count, dtype=dtype, op=op, layout=layout,
-                                     in_place=in_place)
-            examples += 1
-    return examples
+            all_reduce_kinds(comm, count, dtype)
+    return len(cases.DTYPES) * len(COUNTS)
 
 
 def sweep_new(comm: OnDevice, count: int, dtype: str) -> None:
