@@ -12,6 +12,10 @@ Every rank receives the message exactly once; with m segments the last rank has 
 m + N - 2 segment times instead of m (N - 1). With two ranks there is one hop and nothing to
 overlap it with, so the message goes whole (the transport still streams it, or the receiver
 reads it in one copy).
+
+Small buffers take one exchange instead (`one_shot_broadcast`): every rank publishes its buffer
+(only the root's is read), and the others copy the root's; one wait instead of a chain of N-1
+hops, each of which may wait for its rank to be scheduled when ranks outnumber cores.
 """
 
 from __future__ import annotations
@@ -52,3 +56,20 @@ def ring_broadcast(transport: Transport, work: Any, root: int) -> None:
             transport.sendrecv(pieces[step - 1], right, pieces[step], left)
         transport.at("broadcast", len(pieces))
         transport.send(pieces[-1], right)
+
+
+def one_shot_broadcast(transport: Transport, work: Any, root: int) -> None:
+    """Broadcast the flat contiguous array `work` from `root` in one exchange
+    (`Transport.all_inputs`, which also carries the call's check). Every rank publishes its
+    `work`, the same size everywhere, and all but the root copy the root's. Counted as what
+    moves: the root's buffer to each other rank."""
+    rank = transport.rank
+    transport.at("one-shot")
+    inputs = transport.all_inputs(work, counted=False)
+    if rank != root:
+        transport.count(None, None, work, root)
+        work[...] = inputs[root]
+        return
+    for dst in range(transport.size):
+        if dst != rank:
+            transport.count(work, dst, None, None)

@@ -27,7 +27,7 @@ from .all_to_all import one_shot_all_to_all, pairwise_all_to_all
 from .arguments import check_buffers, check_root, check_writeable, output
 from .arrays import flat_work, same_memory
 from .blocks import check_counts, exchanged, gathered, split
-from .broadcast import ring_broadcast
+from .broadcast import one_shot_broadcast, ring_broadcast
 from .calls import collective, current_device
 from .check import MessagesDiffer, agree, descriptor, disagreement, pair_agree
 from .gather import gather_to_root, one_shot_gather
@@ -369,8 +369,12 @@ class Communicator:
         check_root(root, self.size)
         check_writeable(buf, "buf")
         work, copied = flat_work(buf, xp)
-        self._begin("broadcast", buf.size, buf.dtype, root=root)
-        ring_broadcast(self._transport, work, root)
+        if self._one_shot(buf):  # small: one exchange, which carries the call check along
+            self._begin("broadcast", buf.size, buf.dtype, root=root, folded=True)
+            one_shot_broadcast(self._transport, work, root)
+        else:
+            self._begin("broadcast", buf.size, buf.dtype, root=root)
+            ring_broadcast(self._transport, work, root)
         if copied:
             buf[...] = work.reshape(buf.shape)
         return buf

@@ -94,7 +94,8 @@ def broadcast_case(comm: Any, count: int, dtype: str, layout: str, root: int) ->
     buf = laid_out(values(comm.rank, count, dtype), layout)
     out = comm.broadcast(buf, root=root)
     assert out is buf
-    return {"result": numpy.ascontiguousarray(buf), "stats": vars(comm.stats).copy()}
+    return {"result": numpy.ascontiguousarray(buf), "stats": vars(comm.stats).copy(),
+            "phase": ended_in(comm)}
 
 
 def scatter_case(comm: Any, count: int, dtype: str, root: int, given: bool) -> dict:

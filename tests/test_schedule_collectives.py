@@ -261,6 +261,14 @@ def test_small_calls_in_one_exchange_count_what_their_steps_move(run, size):
                 assert stats["bytes_sent"] == (0 if rank == root else count * item)
                 assert stats["bytes_received"] == \
                     ((size - 1) * count * item if rank == root else 0)
+    broadcast = run("broadcast_case", size, "one_shot", count=count, dtype="float16",
+                    layout="strided", root=root)
+    cases.check_broadcast(broadcast, count, "float16", "strided", root)
+    for rank in range(size):
+        stats = broadcast[rank]["stats"]
+        assert broadcast[rank]["phase"] == "one-shot"
+        assert stats["bytes_sent"] == ((size - 1) * count * 2 if rank == root else 0)
+        assert stats["bytes_received"] == (0 if rank == root else count * 2)
     scattered = run("reduce_scatter_case", size, "one_shot", count=count, dtype="int64",
                     op="prod")
     cases.check_reduce_scatter(scattered, count, "int64", "prod")
