@@ -178,6 +178,26 @@ def test_counts_that_differ_between_ranks_raise_mismatch_on_every_rank(call):
         numpy.testing.assert_array_equal(gathered, [[0, 1]] * 3)
 
 
+@pytest.mark.parametrize("call", [
+    lambda c, x: c.broadcast(x, root=1),
+    lambda c, x: c.gather(x, root=0),
+    lambda c, x: c.reduce(x, root=1),
+    lambda c, x: c.reduce_scatter(x.reshape(2, -1)),
+    lambda c, x: c.all_to_all(x.reshape(2, -1)),
+])
+def test_a_rank_in_one_exchange_and_one_in_steps_raise_mismatch_on_both(call):
+    """Counts that differ so that one rank's call fits one exchange and the other's takes
+    the step-by-step algorithm: both raise, naming the calls, and both go on."""
+    def body(comm):
+        mine = numpy.ones(10 if comm.rank == 0 else 1000)  # 80 B and 8000 B: 1 KiB is the line
+        with pytest.raises(collectives.MismatchError, match="ranks disagree: rank 1 called "):
+            call(comm, mine)
+        return comm.all_reduce(numpy.ones(3))
+
+    for total in collectives.spawn(body, 2, timeout=TIMEOUT, one_shot_bytes=1024):
+        numpy.testing.assert_array_equal(total, [2, 2, 2])
+
+
 def test_counts_on_some_ranks_only_raise_mismatch_on_every_rank():
     def body(comm):
         mine = numpy.arange(2.0)
