@@ -288,8 +288,11 @@ def main(argv: list[str] | None = None) -> int:
     # `comm` times and checks, on the host; `work` is what this trainer averages over.
     with collectives.init(transport="auto" if on_gpu else args.transport) as comm, \
             ExitStack() as stack:
-        work = stack.enter_context(collectives.init(transport=args.transport, device="cuda")) \
-            if on_gpu else comm
+        try:
+            work = stack.enter_context(collectives.init(transport=args.transport,
+                                                        device="cuda")) if on_gpu else comm
+        except collectives.CollectiveError as error:  # no CuPy or no GPU, for one
+            raise SystemExit(f"python -m benchmarks.trainer: {error}")
         xp = collectives.module_for_device(args.device)
         finish = xp.cuda.Device().synchronize if on_gpu else (lambda: None)
         say = print if comm.rank == 0 else (lambda *_, **__: None)

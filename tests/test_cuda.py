@@ -97,6 +97,15 @@ def test_the_trainer_on_cuda_without_a_gpu_exits_with_the_reason():
 
 
 @needs_no_gpu
+def test_the_trainer_benchmark_on_cuda_without_a_gpu_exits_with_the_reason():
+    job = mpiexec(1, "-m", "benchmarks.trainer", "--device", "cuda", "--zero", "0", timeout=120,
+                  check=False)
+    assert job.returncode != 0
+    assert "python -m benchmarks.trainer: device='cuda' needs" in job.stderr, job.stderr
+    assert "Traceback" not in job.stderr, job.stderr
+
+
+@needs_no_gpu
 def test_the_benchmark_on_cuda_ipc_without_a_gpu_says_why():
     job = mpiexec(1, "-m", "benchmarks.all_reduce", "--transport", "cuda_ipc", timeout=120,
                   check=False)
