@@ -220,16 +220,14 @@ def torch_trainers(initial: dict[str, numpy.ndarray], args: argparse.Namespace,
     Gloo with ringcc's allreduce_hook averaging the buckets: the same model and start. The
     ringcc rows share a communicator of their own (its calls run on that communicator's progress
     thread, never beside this trainer's)."""
-    import torch
-
     import collectives.torch
 
     from .peers import GlooPeer
 
-    stack.callback(GlooPeer(MPI.COMM_WORLD).close)  # the default group; 1 torch thread a rank
+    # The default group; 1 torch thread a rank; on the GPU, torch's device is the one ringcc
+    # chose for this rank.
+    stack.callback(GlooPeer(MPI.COMM_WORLD, args.device).close)
     theirs = stack.enter_context(collectives.init(transport=args.transport, device=args.device))
-    if args.device == "cuda":  # the GPU ringcc chose for this rank, made current for torch
-        torch.cuda.set_device(collectives.module_for_device("cuda").cuda.Device().id)
     return [Torch(TORCH_GLOO, initial, args),
             Torch("torch DDP on ringcc", initial, args,
                   group=collectives.torch.process_group(theirs)),

@@ -280,7 +280,7 @@ class Communicator:
         counts, bounds, shape = gathered("all_gather", counts, sendbuf, self.size, self.rank)
         recvbuf = output(recvbuf, shape, sendbuf.dtype, xp)
         work, copied = flat_work(recvbuf, xp)
-        if counts is None and 0 < sendbuf.nbytes <= self._transport.one_shot_bytes:
+        if counts is None and self._one_shot(sendbuf):
             # Small equal blocks: one exchange, which carries the call check along.
             self._begin("all_gather", sendbuf.size, sendbuf.dtype, folded=True)
             one_shot_all_gather(self._transport, flat_work(sendbuf, xp)[0], work, bounds)
