@@ -105,8 +105,9 @@ def reduce_in_rank_order(xp: Any, inputs: list[Any], op: ReduceOp, average: bool
     """(((x0 op x1) op x2) ...) of two or more `inputs` into `out` (a new array when None),
     divided by their number when `average`: the same order on every rank, so the same bits."""
     out = op(inputs[0], inputs[1], out=out)
-    for later in inputs[2:]:
-        op(out, later, out=out)
+    if len(inputs) > 2:  # (two is the common case, and a slice costs a small call)
+        for later in inputs[2:]:
+            op(out, later, out=out)
     if average:
         xp.true_divide(out, len(inputs), out=out)
     return out

@@ -88,7 +88,7 @@ class Communicator:
         # what it knows of each kind of call it has seen.
         self._small_bytes = transport.one_shot_bytes \
             if transport.xp is numpy and transport.size > 1 else 0
-        self._small_calls: dict[tuple, tuple[Any, tuple]] = {}
+        self._small_calls: dict[tuple, tuple[Any, tuple, Any]] = {}
         if transport.size > 1:
             self._agree_on_checking()
         if trace:
@@ -579,6 +579,7 @@ class Communicator:
         """Wait for the calls still queued, then release the transport's resources. The
         communicator cannot be used afterwards."""
         self.wait_all()
+        self._small_calls.clear()  # their prepared exchanges hold views of the transport's memory
         self._transport.close()
 
     def __enter__(self) -> Communicator:

@@ -11,24 +11,31 @@ common case: blocking, of a contiguous NumPy array no larger than the transport'
 `one_shot_bytes`, with an op already resolved for that dtype, nothing queued, not traced. It
 then does what the general path would do for that call, and only that:
 
-1. number the call and name it (`transport.begin`), with its descriptor when checking;
-2. one `transport.all_inputs`, whose exchange carries the descriptor along with the data, so
-   the check costs no exchange of its own and a mismatch still raises on every rank;
+1. number the call;
+2. one exchange of every rank's input (`transport.all_inputs`), which carries the call's
+   descriptor along with the data, so the check costs no exchange of its own and a mismatch
+   still raises on every rank;
 3. reduce every rank's input in rank order (((x0 op x1) op x2) ...), so the result is
    bitwise the general path's one-shot result, on every rank.
 
-What it keeps per kind of call (op, dtype, count) is the ufunc and the descriptor but its
-number, so a run of calls of one kind looks them up once. Anything else (a strided array, a
-recvbuf of another shape, a first call of its kind, an async call) goes the general path,
-which also raises the errors: the lane never decides what is wrong, only what is plain.
+What it keeps per kind of call (op, dtype, shape) is the ufunc and the exchange, prepared
+for that shape, dtype and descriptor (`transport.prepare_all_inputs`, as MPI's persistent
+collectives are): a run of calls of one kind looks them up once, and each call only moves
+its data. At a few bytes every lookup counts (README, "Against the shared-memory goals":
+preparing the exchange took a third off an 8 B call). Anything else (a
+strided input, a recvbuf of another shape or dtype, a first call of its kind, an async
+call) goes the general path, which also raises the errors: the lane never decides what is
+wrong, only what is plain.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy
 
+from transports.base import Exchange
 from transports.errors import CallsDiffer, MismatchError
 
 from .all_reduce import reduce_in_rank_order
@@ -42,10 +49,10 @@ def small_all_reduce(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None,
     general path. The caller has seen that sendbuf is a NumPy array of at most
     `comm._small_bytes`, more than zero."""
     transport = comm._transport
-    kind = comm._small_calls.get((op, sendbuf.dtype, sendbuf.size)) \
+    kind = comm._small_calls.get((op, sendbuf.dtype, sendbuf.shape)) \
         if type(op) is str else None
     if kind is None:
-        kind = _learn(comm, op, sendbuf.dtype, sendbuf.size)
+        kind = _learn(comm, op, sendbuf.dtype, sendbuf.shape)
     if (kind is None or transport.trace is not None or transport.on_transfer is not None
             or comm._broken is not None or transport.closed or not sendbuf.flags.c_contiguous):
         return None
@@ -53,12 +60,10 @@ def small_all_reduce(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None,
         return None  # its turn comes after the queued calls (on the progress thread: now)
     if recvbuf is not None and not _takes_result(recvbuf, sendbuf):
         return None
-    ufunc, rest = kind
-    comm._calls += 1
-    transport.begin(f"all_reduce #{comm._calls}",
-                    (comm._calls, *rest) if comm._checking else None, "one-shot")
+    ufunc, average, exchange = kind
+    comm._calls = number = comm._calls + 1
     try:
-        inputs = transport.all_inputs(sendbuf)
+        inputs = exchange(sendbuf, number)
     except CallsDiffer as differ:  # every rank raises it, and every message has landed
         raise MismatchError(comm._disagreement(differ.calls)) from None
     except BaseException as error:  # messages may be in flight: no more calls
@@ -66,33 +71,33 @@ def small_all_reduce(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None,
         raise
     if recvbuf is None and sendbuf.ndim == 0:  # a ufunc makes a 0-d result a scalar
         recvbuf = numpy.empty((), sendbuf.dtype)
-    return reduce_in_rank_order(numpy, inputs, ufunc, op == "avg", out=recvbuf)
+    return reduce_in_rank_order(numpy, inputs, ufunc, average, recvbuf)
 
 
-def _learn(comm: Any, op: Any, dtype: Any, count: int) -> tuple[Any, tuple] | None:
-    """What the lane keeps of an all-reduce of `count` elements: its ufunc, and its descriptor
-    but its number. None until the general path has resolved the op for the dtype (and so
-    raised, for an op the dtype lacks)."""
+def _learn(comm: Any, op: Any, dtype: Any,
+           shape: tuple[int, ...]) -> tuple[Any, bool, Exchange] | None:
+    """What the lane keeps of an all-reduce of `shape`: its ufunc, whether it averages, and
+    its exchange, prepared with the descriptor but its number (`transport.prepare_all_inputs`).
+    None until the general path has resolved the op for the dtype (and so raised, for an op
+    the dtype lacks)."""
     ufunc = comm._ufuncs.get((op, dtype)) if type(op) is str else None
     if ufunc is None:
         return None
     if len(comm._small_calls) >= KINDS_KEPT:
         comm._small_calls.clear()
-    kind = comm._small_calls[(op, dtype, count)] = (
-        ufunc, comm._descriptor("all_reduce", count, dtype, op))
+    call = comm._descriptor("all_reduce", math.prod(shape), dtype, op) \
+        if comm._checking else None
+    kind = comm._small_calls[(op, dtype, shape)] = (
+        ufunc, op == "avg", comm._transport.prepare_all_inputs(shape, dtype, "all_reduce", call))
     return kind
 
 
 def _takes_result(recvbuf: Any, sendbuf: numpy.ndarray) -> bool:
-    """Whether `recvbuf` takes the result as it is: `sendbuf` itself, or a contiguous NumPy
-    array of its shape and dtype apart from it; writeable either way. (Two arrays that each
-    own their memory, base None, cannot overlap: the common case, answered without
-    may_share_memory, which costs a small call half a microsecond.)"""
+    """Whether `recvbuf` takes the result as it is: a writeable NumPy array of sendbuf's shape
+    and dtype. It may be sendbuf, or overlap it, or be strided: the inputs are read out of the
+    exchange's own memory, so writing the result cannot change them."""
     if recvbuf is sendbuf:
         return sendbuf.flags.writeable
-    if type(recvbuf) is not numpy.ndarray or recvbuf.dtype is not sendbuf.dtype:
-        return False  # (a dtype equal but not the same object is left to the general path)
-    flags = recvbuf.flags
-    return (flags.c_contiguous and flags.writeable and recvbuf.shape == sendbuf.shape
-            and ((recvbuf.base is None and sendbuf.base is None)
-                 or not numpy.may_share_memory(recvbuf, sendbuf)))
+    return (type(recvbuf) is numpy.ndarray  # (a dtype equal but not the same object, and
+            and recvbuf.dtype is sendbuf.dtype  # anything else, goes the general path)
+            and recvbuf.shape == sendbuf.shape and recvbuf.flags.writeable)

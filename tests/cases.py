@@ -358,13 +358,31 @@ def small_call_case(comm: Any, dtype: str, op: str) -> dict:
         comm.all_reduce(in_place, in_place, op=op)
         into_view = numpy.empty((2, *mine.shape), mine.dtype)[1]  # not owning its memory
         comm.all_reduce(mine, into_view, op=op)
+        into_strided = numpy.empty((2, 6), mine.dtype)[:, ::2]
+        comm.all_reduce(mine, into_strided, op=op)
+        shared = numpy.empty(9, mine.dtype)  # input and result overlap by three elements
+        overlapping_in, overlapping = shared[:6].reshape(2, 3), shared[3:].reshape(2, 3)
+        overlapping_in[...] = mine
+        comm.all_reduce(overlapping_in, overlapping, op=op)
         scalar = comm.all_reduce(numpy.array(mine[0, 0]), op=op)
         strided = comm.all_reduce(values(comm.rank, 12, dtype).reshape(2, 6)[:, ::2], op=op)
     finally:
         del comm._all_reduce
     return {"lane": counted[0], "general": counted[1], "into": into,
             "returned_into": returned is into, "in_place": in_place, "into_view": into_view,
-            "scalar": scalar, "strided": strided, "general_path": taken}
+            "into_strided": into_strided, "overlapping": overlapping, "scalar": scalar,
+            "strided": strided, "general_path": taken}
+
+
+def small_calls_of_many_sizes_case(comm: Any, sizes: int) -> list:
+    """Small all-reduces of `sizes` sizes, round and round: more kinds than a transport keeps
+    ready (mpi.py's KEPT_SIZES packets), so prepared exchanges find theirs dropped and make it
+    again. Every result, in call order."""
+    results = []
+    for _ in range(3):
+        for count in range(1, sizes + 1):
+            results.append(comm.all_reduce(values(comm.rank, count, "float64")))
+    return results
 
 
 def small_call_mismatch_case(comm: Any) -> dict:

@@ -18,6 +18,7 @@ import pytest
 import collectives
 from cases import assert_matches, reduce_reference, values
 from launch import mpiexec
+from transports.mpi import KEPT_SIZES
 
 SIZE = 3
 KINDS = [("float32", "sum"), ("float64", "avg"), ("int32", "max"), ("bool", "min"),
@@ -36,7 +37,7 @@ def test_the_lane_gives_the_general_paths_result_bitwise_and_counts_the_same(run
         assert lane[0].tobytes() == general[0].tobytes() == first.tobytes()
         assert lane[1:] == general[1:]  # bytes sent, received, messages
         assert lane[1] == (SIZE - 1) * want.nbytes
-        for form in ("into", "in_place", "into_view"):
+        for form in ("into", "in_place", "into_view", "into_strided", "overlapping"):
             assert outcome[form].tobytes() == first.tobytes(), form
         assert outcome["returned_into"]
         assert_matches(outcome["scalar"], want[0, 0].reshape(()), dtype)
@@ -45,6 +46,18 @@ def test_the_lane_gives_the_general_paths_result_bitwise_and_counts_the_same(run
         assert_matches(outcome["strided"], strided, dtype)
         # Only the named algorithm and the strided input took the general path.
         assert outcome["general_path"] == ["one_shot", "auto"]
+
+
+def test_prepared_exchanges_outlive_a_sweep_of_more_sizes_than_the_transport_keeps(run):
+    """The lane keeps each kind's exchange prepared (`prepare_all_inputs`); the transport keeps
+    fewer packets than that. Cycling through more sizes than it keeps, every result is right."""
+    sizes = KEPT_SIZES + 3
+    want = [reduce_reference("sum", [values(r, count, "float64") for r in range(SIZE)])
+            for count in range(1, sizes + 1)] * 3
+    for results in run("small_calls_of_many_sizes_case", SIZE, "one_shot", sizes=sizes):
+        assert len(results) == len(want)
+        for got, expected in zip(results, want):
+            assert_matches(got, expected, "float64")
 
 
 def test_a_mismatch_in_the_lane_is_named_on_every_rank_and_the_communicator_goes_on(run):

@@ -29,6 +29,8 @@ from .errors import CallsDiffer, CollectiveTimeoutError, MismatchError
 
 # A reduction is a binary ufunc of the array module: op(mine, incoming, out=acc).
 ReduceOp = Callable[..., Any]
+# A prepared all_inputs (`Transport.prepare_all_inputs`): exchange(buf, number) -> inputs.
+Exchange = Callable[[Any, int], list]
 
 DEFAULT_SEGMENT_BYTES = 1 << 20
 CALL_WORDS = 6  # a call's descriptor: six non-negative integers (collectives/check.py)
@@ -117,13 +119,21 @@ class Transport(ABC):
         self.trace: list[dict] | None = None  # a list while tracing, else None (free when off)
         # Test hook: called with each transfer's record, as the trace gets it (see `_count`).
         self.on_transfer: Callable[[dict], None] | None = None
-        self.where = ""  # what the caller is doing, for error messages ("all_reduce #3")
+        # What the caller is doing, for error messages (`where`: "all_reduce #3"): a name,
+        # and the call's number when not in the name (0). Kept apart, since a small call
+        # would spend a tenth of its time formatting a message that is almost never shown.
+        self._what, self._number = "", 0
         self.phase = ""  # which pass of the algorithm is running ("reduce-scatter"), for traces
         self.step = 0  # which step of that pass, for traces and error messages
         self._call: tuple[int, ...] | None = None  # the descriptor the next all_inputs carries
         self.closed = False
 
     # ---- what the caller is doing, for traces and error messages ------------------------
+
+    @property
+    def where(self) -> str:
+        """What the caller is doing, for error messages ("all_reduce #3")."""
+        return f"{self._what} #{self._number}" if self._number else self._what
 
     def begin(self, where: str, call: tuple[int, ...] | None = None, phase: str = "") -> None:
         """A new call starts: `where` names it ("all_reduce #3") until the next one, and its
@@ -134,7 +144,7 @@ class Transport(ABC):
         `CallsDiffer` on every rank if any rank's differs. So a small call checks itself in
         the exchange that moves its data.
         """
-        self.where, self.phase, self.step, self._call = where, phase, 0, call
+        self._what, self._number, self.phase, self.step, self._call = where, 0, phase, 0, call
 
     def at(self, phase: str, step: int = 0) -> None:
         """The algorithm is at `step` of `phase` ("reduce-scatter", 2)."""
@@ -223,6 +233,24 @@ class Transport(ABC):
                 record["start"], record["end"] = start, end
         return inputs
 
+    def prepare_all_inputs(self, shape: tuple[int, ...], dtype: Any, collective: str,
+                           call: tuple[int, ...] | None) -> Exchange:
+        """`all_inputs` made ready for a run of calls of one `collective` on inputs of one
+        `shape` and `dtype`, as MPI's persistent collectives (`MPI_Allreduce_init`) are: what
+        does not depend on the data is worked out once, so a call only moves it. Small calls
+        come often, and there that work costs more than moving the data.
+
+        `call` is the calls' descriptor but its number (None: unchecked). `exchange(buf,
+        number)` then does `begin(f"{collective} #{number}", (number, *call), "one-shot")` and
+        returns `all_inputs(buf)`, for a contiguous `buf` of that shape and dtype. Here it is
+        just that; a transport with a leaner way overrides this.
+        """
+        def exchange(buf: Any, number: int) -> list[Any]:
+            self.begin(f"{collective} #{number}", None if call is None else (number, *call),
+                       "one-shot")
+            return self.all_inputs(buf)
+        return exchange
+
     def count(self, sendbuf: Any | None, dst: int | None, recvbuf: Any | None,
               src: int | None) -> None:
         """Count a transfer that an uncounted exchange made (`all_inputs(counted=False)`), in
@@ -300,8 +328,7 @@ class Transport(ABC):
             return [buf.copy() for _ in range(self.size)]
         return self._exchange(buf)
 
-    def _compare_lines(self, call: tuple[int, ...] | None, nbytes: int, mine: bytes,
-                       theirs: list[Any]) -> None:
+    def _compare_lines(self, mine: bytes, theirs: list[Any]) -> None:
         """After a one-shot exchange: raise, on every rank, what differs between this rank's
         `CALL_LINE` `mine` and the peers' `theirs` (in rank order, bytes-like): the call
         (CallsDiffer), else the size of the input (MismatchError). Compared as bytes: small
@@ -312,8 +339,9 @@ class Transport(ABC):
         else:
             return
         lines = [CALL_LINE.unpack(bytes(line)) for line in theirs]
-        lines.insert(self.rank, CALL_LINE.unpack(mine))
-        if call is not None:
+        lines.insert(self.rank, CALL_LINE.unpack(bytes(mine)))
+        call, nbytes = lines[self.rank][:CALL_WORDS], lines[self.rank][CALL_WORDS]
+        if call != NO_CALL:  # (a checked call is numbered from 1)
             calls = [line[:CALL_WORDS] for line in lines]
             if calls.count(call) != self.size:
                 raise CallsDiffer(calls)

@@ -164,7 +164,7 @@ class CudaIpcTransport(SlotTransport):
             memory.gpu.synchronize()  # our kernels that read peers' memory have finished
         except self.xp.cuda.runtime.CUDARuntimeError:
             pass  # a failed kernel left the context unusable; what follows only releases
-        self._data, self._slots, self._areas = [], [], []  # no view outlives its mapping
+        self._data, self._slots, self._exchanges = [], [], {}  # no view outlives its mapping
         memory.unmap_peers()
         kept, memory.own = memory.own, None  # kept until every peer has unmapped it
         timeout, self.timeout = self.timeout, min(self.timeout, CLOSE_TIMEOUT_S)

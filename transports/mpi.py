@@ -16,13 +16,14 @@ ranks outnumber cores.
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 from typing import Any
 
 import numpy
 from mpi4py import MPI
 
-from .base import CALL_LINE, NO_CALL, ReduceOp, Transport, segments
+from .base import CALL_LINE, NO_CALL, Exchange, ReduceOp, Transport, segments
 from .bootstrap import duplicated, nodes, start
 from .cuda import copy_bytes, pinned_empty, use_gpu
 from .errors import InvalidArgumentError
@@ -82,6 +83,13 @@ class _Shot:
         self.sends = [comm.Send_init(_bytes(self.packet), r, TAG) for r in peers]
         self.requests = receives + self.sends  # what one Startall starts
         self.kinds: dict[tuple, list[Any]] = {}
+        self.freed = False
+
+    def free(self) -> None:
+        """Free the sends (a send still going finishes on its own); the shot is not used again."""
+        for request in self.sends:
+            request.Free()
+        self.freed = True
 
 
 class MPITransport(Transport):
@@ -205,35 +213,80 @@ class MPITransport(Transport):
     def _all_inputs(self, buf: Any, call: tuple[int, ...] | None) -> list[Any]:
         """One message per peer carries a header, the call's descriptor (zeros when no call is
         checked) and the size of the input, and, when the input is small (up to
-        `one_shot_bytes`), the input too: a small call checks itself in the exchange that moves
-        it. Each receive has room for the largest such message, so a peer whose call differs
-        cannot overrun it. Small calls come often, so the path is lean: buffers, requests and
-        views are made once per size and kind, and the headers are compared as bytes."""
+        `one_shot_bytes`), the input too (`_one_shot`): a small call checks itself in the
+        exchange that moves it."""
         host = buf if self.xp is numpy else buf.get()
         with_data = host.nbytes <= self.one_shot_bytes
         if call is None and not with_data:
             return self._exchange(buf)
         shot = self._outgoing(CALL_LINE.size + (host.nbytes if with_data else 0))
-        line = CALL_LINE.pack(*(call or NO_CALL), host.nbytes)
-        shot.header[:] = line
         inputs = None
         if with_data:
             inputs = shot.kinds.get((host.shape, host.dtype)) or self._views_of(shot, host)
+        self._one_shot(shot, inputs, host, CALL_LINE.pack(*(call or NO_CALL), host.nbytes))
+        if inputs is None:
+            return self._exchange(buf)
+        return inputs if self.xp is numpy else [self.xp.asarray(i) for i in inputs]
+
+    def prepare_all_inputs(self, shape: tuple[int, ...], dtype: Any, collective: str,
+                           call: tuple[int, ...] | None) -> Exchange:
+        """The one-shot exchange (`_one_shot`) with the call's naming, counting, header, packet
+        and views worked out beforehand: a call writes its number in the header, and that is
+        all. A traced or watched call goes the general way, which records it."""
+        nbytes = math.prod(shape) * numpy.dtype(dtype).itemsize
+        general = super().prepare_all_inputs(shape, dtype, collective, call)
+        if (self.xp is not numpy or not 0 < nbytes <= self.one_shot_bytes or self.size == 1
+                or self.off_node):  # (across nodes, the general way counts those bytes apart)
+            return general
+        line = bytearray(CALL_LINE.pack(*((0, *call) if call else NO_CALL), nbytes))
+        number_word = memoryview(line).cast("Q")
+        moved, peers = (self.size - 1) * nbytes, self.size - 1
+        held: list[Any] = [None, None]  # the packet's _Shot and every rank's input in it
+
+        def exchange(buf: Any, number: int) -> list[Any]:
+            if self.trace is not None or self.on_transfer is not None:
+                return general(buf, number)
+            self._what, self._number = collective, number
+            self.phase, self.step, self._call = "one-shot", 0, None
+            if call is not None:
+                number_word[0] = number
+            stats = self.stats
+            stats.bytes_sent += moved
+            stats.bytes_received += moved
+            stats.messages += peers
+            shot, inputs = held
+            if shot is None or shot.freed:  # (calls of other sizes may have pushed it out)
+                shot = self._outgoing(CALL_LINE.size + nbytes)
+                inputs = shot.kinds.get((buf.shape, buf.dtype)) or self._views_of(shot, buf)
+                held[:] = shot, inputs
+            self._one_shot(shot, inputs, buf, line)
+            return inputs
+        return exchange
+
+    def _one_shot(self, shot: _Shot, inputs: list[Any] | None, host: numpy.ndarray,
+                  line: bytes) -> None:
+        """Send the header `line`, and `host` when there are `inputs` (every rank's, within
+        the packets), to every peer in `shot`'s packet, and take each peer's; CallsDiffer, or
+        MismatchError, if a peer's header differs. Each receive has room for the largest such
+        packet, so a peer whose call differs cannot overrun it. Small calls come often, so
+        the path is lean: packets, requests and views are made once per size and kind, and
+        the headers are compared as bytes."""
+        shot.header[:] = line
+        if inputs is not None:
             inputs[self.rank][...] = host
         MPI.Prequest.Startall(shot.requests)
-        for request in shot.requests:  # a short spin first: a peer is most often about to send
-            for _ in range(self.spin):
-                if request.Test():  # (one request's Test costs a third of a Testall)
+        for request in shot.requests:  # (one request's Test costs a third of a Testall)
+            polls = self.spin
+            while not request.Test():  # a short spin first: a peer is most often about to send
+                polls -= 1
+                if polls < 0:
                     break
-            else:
+            if polls < 0:  # then wait for them all, naming any peer that does not come
                 for peer, receive in zip(self._peers, self._landing.receives):
                     self._wait_all([receive], peer, "a message")
                 self._wait_all(shot.sends, None, "its sends to complete")
                 break
-        self._compare_lines(call, host.nbytes, line, self._landing.headers)
-        if inputs is None:
-            return self._exchange(buf)
-        return inputs if self.xp is numpy else [self.xp.asarray(i) for i in inputs]
+        self._compare_lines(line, self._landing.headers)
 
     def _views_of(self, shot: _Shot, host: numpy.ndarray) -> list[Any]:
         """Every rank's input of `host`'s kind within the one-shot packets: this rank's in
@@ -255,8 +308,7 @@ class MPITransport(Transport):
         shot = self._sending.get(nbytes)
         if shot is None:
             if len(self._sending) >= KEPT_SIZES:  # the oldest size goes
-                for request in self._sending.pop(next(iter(self._sending))).sends:
-                    request.Free()
+                self._sending.pop(next(iter(self._sending))).free()
             shot = self._sending[nbytes] = _Shot(self.comm, self._peers, nbytes,
                                                  self._landing.receives)
         return shot
@@ -300,6 +352,5 @@ class MPITransport(Transport):
                 request.Wait()
             request.Free()
         for shot in self._sending.values():
-            for request in shot.sends:
-                request.Free()
+            shot.free()
         self._landing, self._sending = None, {}

@@ -68,6 +68,7 @@ where the CPU polls them.
 
 from __future__ import annotations
 
+import math
 import os
 from array import array
 from typing import Any, Callable, Protocol
@@ -75,7 +76,7 @@ from typing import Any, Callable, Protocol
 import numpy
 from mpi4py import MPI
 
-from .base import CALL_LINE, NO_CALL, ReduceOp, Transport
+from .base import CALL_LINE, NO_CALL, Exchange, ReduceOp, Transport
 from .bootstrap import duplicated, on_one_node, start
 from .errors import CollectiveError, InvalidArgumentError, MismatchError, PeerFailedError
 from .shared_memory import SHM_DIR, free_bytes, share_regions
@@ -89,6 +90,7 @@ WORDS = LINE // 8  # 8-byte words per line
 DIRECT_BYTES = 4 << 20
 # Control lines: two counters, then one per peer (consumed), then one per slot.
 BARRIER, PUBLISHED, CONSUMED = 0, 1, 2
+KEPT_EXCHANGES = 64  # one-shot exchanges kept, one per (shape, dtype) seen
 
 
 class MemoryKind(Protocol):
@@ -194,9 +196,8 @@ class SlotTransport(Transport):
         self._one_shots = 0
         self._pairs = [0] * size  # pair checks made with each rank (`pair_inputs`)
         self._pending: Callable[[], None] | None = None  # the call's check, until made
-        # Per one-shot area, the shape and dtype of its last input and its typed views: a
-        # run of small all-reduces of one kind makes them once.
-        self._areas: list[tuple[tuple[int, ...], Any, list[Any]]] = [((), None, [])] * 2
+        # The one-shot exchange of each (shape, dtype) seen: its views are made once.
+        self._exchanges: dict[tuple, Callable[[Any, bytes], list[Any]]] = {}
 
     def _check_room(self, nbytes: int) -> None:
         """Fail on every rank, before anything is allocated, if /dev/shm cannot hold the job."""
@@ -427,46 +428,99 @@ class SlotTransport(Transport):
         return True
 
     def _all_inputs(self, buf: Any, call: tuple[int, ...] | None) -> list[Any]:
-        """Publish `buf`, and the call's descriptor, in this turn's one-shot area and return
-        every rank's area once each has published; CallsDiffer if a descriptor differs.
-
-        The areas alternate between turns. Reusing one is safe without asking: a peer
-        publishes turn t-1 only after reading turn t-2, and we saw every peer's turn t-1.
-        Small calls come often, so this path is lean: the views of a run of inputs of one
-        shape are made once, and the call lines are compared as bytes.
-        """
-        self.memory.settle()  # the previous turn's reads of peers' areas are done
-        nbytes = buf.nbytes
-        if nbytes > self._area_bytes:  # the call checked in an area, the data the long way
+        """Every rank's `buf` through the one-shot areas (`_one_shot_exchange`), or, larger than
+        an area, the call checked in an area and the data the long way."""
+        if buf.nbytes > self._area_bytes:
             if call is not None:
                 self._all_inputs(buf[:0], call)
             return self._exchange(buf)
-        self._one_shots += 1
-        turn = self._one_shots
-        area = turn & 1
-        shape, dtype, inputs = self._areas[area]
-        if dtype is not buf.dtype or shape != buf.shape:
-            lo = SLOTS * self.slot_bytes + area * self._area_bytes
-            inputs = [d[lo:lo + nbytes].view(buf.dtype).reshape(buf.shape) for d in self._data]
-            self._areas[area] = (buf.shape, buf.dtype, inputs)
-        if nbytes:
-            self.memory.copy(inputs[self.rank], buf)
-        # What the call line of our area says: the descriptor (zeros unchecked), the size.
-        line = CALL_LINE.pack(*(call or NO_CALL), nbytes)
-        mine, theirs = self._call_lines[area]
-        mine[:] = line
+        exchange = self._exchanges.get((buf.shape, buf.dtype))
+        if exchange is None:
+            exchange = self._one_shot_exchange(buf.shape, buf.dtype)
+        return exchange(buf, CALL_LINE.pack(*(call or NO_CALL), buf.nbytes))
+
+    def prepare_all_inputs(self, shape: tuple[int, ...], dtype: Any, collective: str,
+                           call: tuple[int, ...] | None) -> Exchange:
+        """The one-shot exchange (`_one_shot_exchange`) with the call's naming, counting and
+        call line worked out beforehand: a call writes its number in the line, and that is all.
+        A traced or watched call goes the general way, which records it."""
+        nbytes = math.prod(shape) * numpy.dtype(dtype).itemsize
+        general = super().prepare_all_inputs(shape, dtype, collective, call)
+        if not 0 < nbytes <= self._area_bytes or self.size == 1:
+            return general
+        one_shot = self._one_shot_exchange(shape, dtype)
+        line = bytearray(CALL_LINE.pack(*((0, *call) if call else NO_CALL), nbytes))
+        number_word = memoryview(line).cast("Q")
+        moved, peers = (self.size - 1) * nbytes, self.size - 1
+
+        def exchange(buf: Any, number: int) -> list[Any]:
+            if self.trace is not None or self.on_transfer is not None:
+                return general(buf, number)
+            self._what, self._number = collective, number
+            self.phase, self.step, self._call = "one-shot", 0, None
+            if call is not None:
+                number_word[0] = number
+            stats = self.stats
+            stats.bytes_sent += moved
+            stats.bytes_received += moved
+            stats.messages += peers
+            return one_shot(buf, line)
+        return exchange
+
+    def _one_shot_exchange(self, shape: tuple[int, ...],
+                           dtype: Any) -> Callable[[Any, bytes], list[Any]]:
+        """exchange(buf, line): publish `buf` (of `shape` and `dtype`, at most an area) and its
+        call line (`CALL_LINE`: the call's descriptor or zeros, and the size) in this turn's
+        one-shot area, and return every rank's area once each has published; CallsDiffer if a
+        descriptor differs.
+
+        The areas alternate between turns. Reusing one is safe without asking: a peer
+        publishes turn t-1 only after reading turn t-2, and we saw every peer's turn t-1.
+        Small calls come often, so what does not depend on the data (every rank's view of
+        both areas, the lines) is worked out here, once per shape and dtype, and kept; the
+        call lines are compared as bytes.
+        """
+        if len(self._exchanges) >= KEPT_EXCHANGES:  # a sweep of sizes: start again
+            self._exchanges.clear()
+        nbytes = math.prod(shape) * numpy.dtype(dtype).itemsize
+        areas = [[d[lo:lo + nbytes].view(dtype).reshape(shape) for d in self._data]
+                 for lo in (SLOTS * self.slot_bytes + area * self._area_bytes
+                            for area in range(2))]
+        ctl, own, lines, rank = self._ctl, self._own, self._call_lines, self.rank
+        settle, copy = self.memory.settle, self.memory.copy
         word = PUBLISHED * WORDS
-        self._own[word] = turn  # last: the area and its line are now visible
-        for ctl in self._ctl:  # a short spin first: a peer is most often about to publish
-            for _ in range(self.spin):
-                if ctl[word] >= turn:
-                    break
-            else:
-                self.wait(lambda: self._everyone(PUBLISHED, turn), None, "one-shot inputs",
-                          late=lambda: self._behind(PUBLISHED, turn))
-                break
-        self._compare_lines(call, nbytes, line, theirs)
-        return inputs
+
+        def exchange(buf: Any, line: bytes) -> list[Any]:
+            settle()  # the previous turn's reads of peers' areas are done
+            self._one_shots = turn = self._one_shots + 1
+            inputs = areas[turn & 1]
+            if nbytes:
+                copy(inputs[rank], buf)
+            mine, theirs = lines[turn & 1]
+            mine[:] = line
+            own[word] = turn  # last: the area and its line are now visible
+            for peer in ctl:
+                if peer[word] < turn:
+                    polls = self.spin
+                    while peer[word] < turn:  # a short spin first: a peer is most often about to
+                        if not polls:
+                            self._wait_published(peer, turn)
+                            break
+                        polls -= 1
+            for their_line in theirs:
+                if their_line != mine:
+                    self._compare_lines(line, theirs)  # raises
+            return inputs
+
+        self._exchanges[(shape, numpy.dtype(dtype))] = exchange
+        return exchange
+
+    def _wait_published(self, peer: memoryview, turn: int) -> None:
+        """Wait until the `peer` control lines have published `turn` (`wait` names who has not,
+        if none comes)."""
+        word = PUBLISHED * WORDS
+        self.wait(lambda: peer[word] >= turn, None, "one-shot inputs",
+                  late=lambda: self._behind(PUBLISHED, turn))
 
     def register(self, nbytes: int) -> Any:
         """`nbytes` in a new region that every peer maps (see "Registered memory"), rounded up
@@ -503,7 +557,8 @@ class SlotTransport(Transport):
     def close(self) -> None:
         if not self.closed:
             # Drop our views; each mapping goes when its last view does (or at exit).
-            self._ctl, self._own, self._data, self._slots, self._areas = [], None, [], [], []
+            self._ctl, self._own, self._data, self._slots = [], None, [], []
+            self._exchanges = {}
             self._registered, self._registered_at, self._ctl_bytes = [], [], []
             self._call_lines = []
             if not MPI.Is_finalized():
