@@ -266,6 +266,34 @@ def mismatch_scenario(single_copy: str) -> None:
     print("mismatch ok", flush=True)
 
 
+def direct_scenario() -> None:
+    """Which messages go by direct read: from `direct_bytes` up, which is lower where every
+    rank has a core of its own (transports/slots.py, DIRECT_BYTES). A ring of messages on
+    either side of each threshold, checked against NumPy, with the reads counted."""
+    from mpi4py import MPI
+
+    from transports.slots import DIRECT_BYTES, OVERSUBSCRIBED_DIRECT_BYTES
+
+    os.environ["RINGCC_SINGLE_COPY"] = "1"
+    with collectives.init("shm", timeout=30) as comm:
+        rank, size, transport = comm.rank, comm.size, comm._transport
+        cores = set().union(*MPI.COMM_WORLD.allgather(os.sched_getaffinity(0)))
+        assert transport.oversubscribed == (size > len(cores))
+        assert transport.direct_bytes == (OVERSUBSCRIBED_DIRECT_BYTES if transport.oversubscribed
+                                          else DIRECT_BYTES)
+        reads = []
+        read = transport.memory.read
+        transport.memory.read = lambda pid, address, into: (reads.append(into.nbytes),
+                                                            read(pid, address, into))
+        for nbytes in (DIRECT_BYTES - 8, DIRECT_BYTES, OVERSUBSCRIBED_DIRECT_BYTES):
+            reads.clear()
+            mine = numpy.arange(nbytes // 8, dtype=float) * size + rank
+            got = comm.sendrecv(mine, (rank + 1) % size, src=(rank - 1) % size)
+            numpy.testing.assert_array_equal(got, mine - rank + (rank - 1) % size)
+            assert reads == ([nbytes] if nbytes >= transport.direct_bytes else []), reads
+    print("direct ok", flush=True)
+
+
 # ---- the tests -----------------------------------------------------------------------------
 
 def regions_of(output: str) -> list[str]:
@@ -289,6 +317,12 @@ def test_always_one_shot():
     job = mpiexec(3, __file__, "collectives", "4096", str(1 << 20), "1", timeout=60)
     assert job.stdout.count("collectives ok") == 3
     assert_gone(regions_of(job.stdout))
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_messages_go_by_direct_read_from_a_lower_size_where_each_rank_has_a_core(ranks):
+    job = mpiexec(ranks, __file__, "direct", timeout=60)
+    assert job.stdout.count("direct ok") == ranks
 
 
 @pytest.mark.parametrize("single_copy", ["1", "0"], ids=["single copy", "slots only"])
@@ -333,7 +367,7 @@ def test_a_mismatch_found_in_the_first_exchange_withdraws_what_was_published(sin
 
 SCENARIOS = {"collectives": collectives_scenario, "failure": failure_scenario,
              "errors": errors_scenario, "registered": registered_scenario,
-             "mismatch": mismatch_scenario}
+             "mismatch": mismatch_scenario, "direct": direct_scenario}
 
 if __name__ == "__main__":
     record_regions()

@@ -109,8 +109,10 @@ class Transport(ABC):
         self.timeout = float(timeout)
         if self.timeout <= 0:
             raise ValueError(f"timeout must be positive, got {self.timeout}")
-        # Polls before a wait first yields the CPU; 0 where ranks outnumber cores, since then
-        # the rank we wait for may be waiting for our core.
+        # Whether ranks outnumber cores here (bootstrap.start says): then the rank we wait for
+        # may be waiting for our core, so a wait yields the CPU at once (`spin`, the polls
+        # before a wait first yields, is 0).
+        self.oversubscribed = False
         self.spin = 50
         self.stats = Stats()
         # The peers on other nodes, whose bytes `stats` also counts apart; a transport that

@@ -120,4 +120,4 @@ def start(comm: MPI.Comm, transport: Transport) -> None:
             "segment_bytes and one_shot_bytes must be the same on every rank; got, by rank: "
             + ", ".join(f"{r}: {s}, {o}" for r, (s, o) in enumerate(chosen)))
     if oversubscribed(comm):
-        transport.spin = 0
+        transport.oversubscribed, transport.spin = True, 0

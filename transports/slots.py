@@ -32,7 +32,7 @@ nothing is reset between collectives. Publishing relies on one rank's stores bec
 visible to the others in program order, as on x86-64.
 
 Direct reads. Where the memory kind can copy straight out of a peer's ordinary memory (host
-memory, through the kernel's cross-memory attach), a message of DIRECT_BYTES or more that a
+memory, through the kernel's cross-memory attach), a message of `direct_bytes` or more that a
 rank sends while it receives one (a ring step) takes one slot line and no slot data: the
 sender writes the address of its own buffer in the line, the receiver copies it from there
 into place in one system call (or, to reduce it, a slot's worth at a time through scratch that
@@ -86,8 +86,11 @@ PAGE = 4096
 SLOTS = 4  # a sender fills some slots while its receiver empties others
 WORDS = LINE // 8  # 8-byte words per line
 # Messages of at least this size, sent while receiving, go by direct reads where the memory kind
-# allows (see "Direct reads"): below it, measured, a copy through the slots costs less.
-DIRECT_BYTES = 4 << 20
+# allows (see "Direct reads"): below it, measured, a copy through the slots costs less. Where
+# ranks outnumber cores, a direct read keeps its sender waiting until a reader that may be
+# waiting for a core has read it all: there, measured, only messages of several MiB gain.
+DIRECT_BYTES = 256 << 10
+OVERSUBSCRIBED_DIRECT_BYTES = 4 << 20
 # Control lines: two counters, then one per peer (consumed), then one per slot.
 BARRIER, PUBLISHED, CONSUMED = 0, 1, 2
 KEPT_EXCHANGES = 64  # one-shot exchanges kept, one per (shape, dtype) seen
@@ -181,9 +184,10 @@ class SlotTransport(Transport):
         pids = self.comm.allgather(os.getpid())
         # Watch peers for death only if their pids mean something here (same pid namespace).
         self._pids = pids if all(_alive(p) for p in pids) else None
-        # Messages from DIRECT_BYTES up are read straight out of the sender's buffer, where
+        # Messages from `direct_bytes` up are read straight out of the sender's buffer, where
         # the memory kind can: one copy instead of two, through no slot.
         self.single_copy = self.memory.can_read(self.comm, pids, self._pids is not None)
+        self.direct_bytes = OVERSUBSCRIBED_DIRECT_BYTES if self.oversubscribed else DIRECT_BYTES
         self._scratch = numpy.empty(self.slot_bytes, numpy.uint8) if self.single_copy else None
         self._registered: list[list[Any]] = []  # per registered region: every rank's mapping
         self._registered_at: list[tuple[int, int]] = []  # per region: our mapping's [lo, hi)
@@ -233,7 +237,7 @@ class SlotTransport(Transport):
         into = recvbuf.view(numpy.uint8) if recvbuf is not None else None
         region = self._region_of(out) if out is not None and self._registered else None
         direct = out is not None and (region is not None or self.single_copy
-                                      and into is not None and out.size >= DIRECT_BYTES)
+                                      and into is not None and out.size >= self.direct_bytes)
         n_out = 0 if out is None else 1 if direct else -(-out.size // slot)
         n_in = 0 if into is None else -(-into.size // slot)
         k_out = k_in = 0
