@@ -268,8 +268,11 @@ def mismatch_scenario(single_copy: str) -> None:
 
 def direct_scenario() -> None:
     """Which messages go by direct read: from `direct_bytes` up, which is lower where every
-    rank has a core of its own (transports/slots.py, DIRECT_BYTES). A ring of messages on
-    either side of each threshold, checked against NumPy, with the reads counted."""
+    rank has a core of its own (transports/slots.py, DIRECT_BYTES); and which one-way
+    messages are shared, the sender writing its part into the receiver (slots.py, "Shared
+    copies"): the same ones, where every rank has a core. Messages on either side of each
+    threshold, one way and both ways, checked against NumPy, with the reads and writes
+    counted."""
     from mpi4py import MPI
 
     from transports.slots import DIRECT_BYTES, OVERSUBSCRIBED_DIRECT_BYTES
@@ -281,16 +284,37 @@ def direct_scenario() -> None:
         assert transport.oversubscribed == (size > len(cores))
         assert transport.direct_bytes == (OVERSUBSCRIBED_DIRECT_BYTES if transport.oversubscribed
                                           else DIRECT_BYTES)
-        reads = []
-        read = transport.memory.read
-        transport.memory.read = lambda pid, address, into: (reads.append(into.nbytes),
-                                                            read(pid, address, into))
-        for nbytes in (DIRECT_BYTES - 8, DIRECT_BYTES, OVERSUBSCRIBED_DIRECT_BYTES):
-            reads.clear()
+        assert transport.shares_from == (None if transport.oversubscribed else DIRECT_BYTES)
+        moved: list[tuple[str, int]] = []
+        memory = transport.memory
+        read, write = memory.read, memory.write
+        memory.read = lambda pid, address, into: (moved.append(("read", into.nbytes)),
+                                                  read(pid, address, into))
+        memory.write = lambda pid, address, data: (moved.append(("write", data.nbytes)),
+                                                   write(pid, address, data))
+        right, left = (rank + 1) % size, (rank - 1) % size
+        for nbytes in (DIRECT_BYTES - 64, DIRECT_BYTES, OVERSUBSCRIBED_DIRECT_BYTES):
             mine = numpy.arange(nbytes // 8, dtype=float) * size + rank
-            got = comm.sendrecv(mine, (rank + 1) % size, src=(rank - 1) % size)
-            numpy.testing.assert_array_equal(got, mine - rank + (rank - 1) % size)
-            assert reads == ([nbytes] if nbytes >= transport.direct_bytes else []), reads
+            moved.clear()
+            got = comm.sendrecv(mine, right, src=left)  # both ways: a direct read, if any
+            numpy.testing.assert_array_equal(got, mine - rank + left)
+            assert moved == ([("read", nbytes)] if nbytes >= transport.direct_bytes else []), \
+                moved
+            moved.clear()
+            if rank == 0:  # one way: shared where every rank has a core
+                comm.send(mine, 1)
+            elif rank == 1:
+                numpy.testing.assert_array_equal(comm.recv(numpy.empty_like(mine), 0), mine - 1)
+            shared = transport.shares_from is not None and nbytes >= transport.shares_from
+            half = nbytes // 2 // 64 * 64
+            assert moved == ([] if rank > 1 or not shared else
+                             [("write", half)] if rank == 0 else [("read", nbytes - half)]), moved
+            got = comm.broadcast(mine.copy(), root=size - 1)
+            numpy.testing.assert_array_equal(got, mine - rank + size - 1)
+            got = comm.reduce(mine, root=0)  # reduced one way: read whole or through the slots
+            if rank == 0:
+                numpy.testing.assert_array_equal(
+                    got, sum(mine - rank + r for r in range(size)))
     print("direct ok", flush=True)
 
 
@@ -320,7 +344,7 @@ def test_always_one_shot():
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
-def test_messages_go_by_direct_read_from_a_lower_size_where_each_rank_has_a_core(ranks):
+def test_direct_reads_and_shared_copies_from_a_lower_size_where_each_rank_has_a_core(ranks):
     job = mpiexec(ranks, __file__, "direct", timeout=60)
     assert job.stdout.count("direct ok") == ranks
 

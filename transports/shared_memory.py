@@ -10,10 +10,10 @@ when the last rank unmaps it or dies: nothing is left in /dev/shm after a normal
 exception or `kill -9`. (Only a rank killed between create and unlink can leave one behind.)
 
 Reading a peer's ordinary memory. Linux lets a process copy straight out of another process of
-the same user (cross-memory attach, `process_vm_readv`, as MPICH does above 8 KiB), in one
-copy, with no shared region in between. A security policy may refuse it (Yama's
-ptrace_scope, a container's seccomp profile), so `can_read_peers` tries it once, on every rank,
-before the transport relies on it.
+the same user (cross-memory attach, `process_vm_readv`, as MPICH does above 8 KiB), or into
+it (`process_vm_writev`), in one copy, with no shared region in between. A security policy
+may refuse it (Yama's ptrace_scope, a container's seccomp profile), so `can_read_peers` tries
+both once, on every rank, before the transport relies on them.
 """
 
 from __future__ import annotations
@@ -39,42 +39,57 @@ class _IoVec(ctypes.Structure):
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _process_vm_readv = getattr(_libc, "process_vm_readv", None)  # Linux only
-if _process_vm_readv is not None:
-    _process_vm_readv.restype = ctypes.c_ssize_t
-    _process_vm_readv.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong,
-                                  ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.c_ulong]
+_process_vm_writev = getattr(_libc, "process_vm_writev", None)
+for _call in (_process_vm_readv, _process_vm_writev):
+    if _call is not None:
+        _call.restype = ctypes.c_ssize_t
+        _call.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong,
+                          ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.c_ulong]
 
 
 def read_peer(pid: int, address: int, into: numpy.ndarray) -> None:
     """Copy `into.nbytes` bytes from `address` in process `pid` into `into` (contiguous):
     one copy, by the kernel. OSError if the kernel refuses."""
-    done, nbytes, base = 0, into.nbytes, into.ctypes.data
+    _cross(_process_vm_readv, "process_vm_readv", pid, into, address)
+
+
+def write_peer(pid: int, address: int, data: numpy.ndarray) -> None:
+    """Copy `data` (contiguous) to `address` in process `pid`: one copy, by the kernel.
+    OSError if the kernel refuses."""
+    _cross(_process_vm_writev, "process_vm_writev", pid, data, address)
+
+
+def _cross(call: Any, name: str, pid: int, local: numpy.ndarray, address: int) -> None:
+    """Move `local.nbytes` bytes between `local` and `address` in process `pid` with `call`
+    (process_vm_readv or process_vm_writev), which may move less than asked at a time."""
+    if call is None:
+        raise OSError(f"no {name} here")
+    done, nbytes, base = 0, local.nbytes, local.ctypes.data
     while done < nbytes:
-        local = _IoVec(base + done, nbytes - done)
-        remote = _IoVec(address + done, nbytes - done)
-        got = _process_vm_readv(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
-        if got <= 0:  # 0: the peer's mapping ended early, which a right address never does
+        here = _IoVec(base + done, nbytes - done)
+        there = _IoVec(address + done, nbytes - done)
+        moved = call(pid, ctypes.byref(here), 1, ctypes.byref(there), 1, 0)
+        if moved <= 0:  # 0: the peer's mapping ended early, which a right address never does
             error = ctypes.get_errno()
-            raise OSError(error, f"process_vm_readv from pid {pid}: {os.strerror(error)}")
-        done += got
+            raise OSError(error, f"{name} with pid {pid}: {os.strerror(error)}")
+        done += moved
 
 
 def can_read_peers(comm: MPI.Comm, pids: list[int], wanted: bool = True) -> bool:
-    """Whether every rank of `comm` wants to, and may, read its peers' memory with `read_peer`.
-    Collective: each rank reads a word its right neighbour wrote, and all agree on the
-    answer."""
-    mark = numpy.array([0x72696E6763630000 + comm.Get_rank()], numpy.uint64)
+    """Whether every rank of `comm` wants to, and may, read and write its peers' memory with
+    `read_peer` and `write_peer`. Collective: each rank reads a word its right neighbour wrote
+    and writes one of its own beside it, and all agree on the answer."""
+    mark = numpy.array([0x72696E6763630000 + comm.Get_rank(), 0], numpy.uint64)
     addresses = comm.allgather(mark.ctypes.data)
     right = (comm.Get_rank() + 1) % comm.Get_size()
     seen = numpy.zeros(1, numpy.uint64)
     try:
-        if _process_vm_readv is None:
-            raise OSError("no process_vm_readv here")
         read_peer(pids[right], addresses[right], seen)
+        write_peer(pids[right], addresses[right] + 8, mark[:1])
         works = int(seen[0]) == 0x72696E6763630000 + right
     except OSError:
         works = False
-    return bool(comm.allreduce(wanted and works, op=MPI.LAND))  # after it, nobody reads `mark`
+    return bool(comm.allreduce(wanted and works, op=MPI.LAND))  # after it, nobody uses `mark`
 
 
 def create_region(nbytes: int) -> tuple[str, numpy.ndarray]:
@@ -154,13 +169,17 @@ class HostMemory:
         self.single_copy = single_copy  # try reading peers' buffers directly (`read`)
 
     def can_read(self, comm: MPI.Comm, pids: list[int], usable: bool) -> bool:
-        """Whether `read` works between every pair of ranks (`usable`: whether this rank's
-        `pids` mean anything here). Collective."""
+        """Whether `read` and `write` work between every pair of ranks (`usable`: whether this
+        rank's `pids` mean anything here). Collective."""
         return can_read_peers(comm, pids, wanted=self.single_copy and usable)
 
     def read(self, pid: int, address: int, into: Any) -> None:
         """into[...] = the bytes at `address` in process `pid`, complete when it returns."""
         read_peer(pid, address, into)
+
+    def write(self, pid: int, address: int, data: Any) -> None:
+        """The bytes at `address` in process `pid` = data, complete when it returns."""
+        write_peer(pid, address, data)
 
     def share(self, comm: MPI.Comm, regions: list[Any], offset: int, nbytes: int) -> list[Any]:
         """Every rank's data memory, flat bytes in rank order: a slice of each host region."""

@@ -11,11 +11,14 @@ Each rank's host region holds
                 consumed   one line per peer: segments this rank has taken from that peer
                 slot j     one line per slot: which segment slot j holds (dst, seq), the
                            message's size, and where the message lies when it is not in
-                           the slot: an address, or a registered region and offset
+                           the slot: an address (and whether it is shared), or a
+                           registered region and offset
                 call a     one line per one-shot area: the call descriptor and the size of
                            the input published there
                 pair p t   two lines per peer, by turns: the six integers of a point-to-
                            point check for peer p (`pair_inputs`), its number last
+                share p    one line per peer: for a shared message from p, which one and
+                           where it lands; for ours to p, which one's part has landed
 
 and its data memory, in the host region too or on the device, holds
 
@@ -41,6 +44,14 @@ being read. Every rank of a ring then makes one copy a step instead of two. A me
 one way only (a broadcast's chain) stays in the slots: there sender and receiver copy at
 once, on two cores, which measured faster than one core reading it all. (The receiver takes
 a direct message however it was sent, so the choice is the sender's alone.)
+
+Shared copies. Where every rank has a core of its own, a message of `direct_bytes` or more
+sent one way only (a broadcast's, a scatter's, a gather's) is moved by both ends at once: the
+sender announces its address as for a direct read; the receiver says in its share line
+where the message lands, and reads all but the first half; the sender writes that half
+straight into the receiver's buffer (`process_vm_writev`), and says so. Two cores each copy
+half, where one read would copy it all; measured, about 1.6 times as fast from 1 MiB to 16
+MiB. (A receiver that reduces the message asks for no part, and reads it all.)
 
 Registered memory. `register` hands out memory in a region of its own that every peer maps,
 as MPI_Win_allocate_shared does. A message sent from there takes one slot line naming the
@@ -122,6 +133,15 @@ class MemoryKind(Protocol):
     def read(self, pid: int, address: int, into: Any) -> None:
         """into[...] = the bytes at `address` in process `pid` (only used if `can_read`)."""
 
+    def write(self, pid: int, address: int, data: Any) -> None:
+        """The bytes at `address` in process `pid` = data (only used if `can_read`)."""
+
+
+def _sender_part(nbytes: int) -> int:
+    """Of a shared message of `nbytes`, the bytes the sender writes (the first ones): half, in
+    whole cache lines."""
+    return nbytes // 2 // LINE * LINE
+
 
 def _alive(pid: int) -> bool:
     try:
@@ -161,7 +181,8 @@ class SlotTransport(Transport):
         self._slot_line = CONSUMED + size
         call_line = self._slot_line + SLOTS
         self._pair_line = call_line + 2
-        control = -(-(self._pair_line + 2 * size) * LINE // PAGE) * PAGE
+        self._share_line = self._pair_line + 2 * size
+        control = -(-(self._share_line + size) * LINE // PAGE) * PAGE
         data = SLOTS * self.slot_bytes + 2 * self._area_bytes
         nbytes = control + (data if self.memory.in_host_region else 0)
         self._check_room(nbytes)
@@ -188,6 +209,8 @@ class SlotTransport(Transport):
         # the memory kind can: one copy instead of two, through no slot.
         self.single_copy = self.memory.can_read(self.comm, pids, self._pids is not None)
         self.direct_bytes = OVERSUBSCRIBED_DIRECT_BYTES if self.oversubscribed else DIRECT_BYTES
+        if self.single_copy and not self.oversubscribed:
+            self.shares_from = self.direct_bytes
         self._scratch = numpy.empty(self.slot_bytes, numpy.uint8) if self.single_copy else None
         self._registered: list[list[Any]] = []  # per registered region: every rank's mapping
         self._registered_at: list[tuple[int, int]] = []  # per region: our mapping's [lo, hi)
@@ -226,17 +249,23 @@ class SlotTransport(Transport):
         self._stream(sendbuf, dst, accbuf, src, op, inbuf)
 
     def _send_reduced(self, sendbuf: Any, dst: int) -> None:
-        self._stream(sendbuf, dst, None, None, None, None)  # a receiver streams it whole
+        # A receiver streams it whole, reducing each slot as it comes.
+        self._stream(sendbuf, dst, None, None, None, None, shared=False)
 
     def _stream(self, sendbuf: Any | None, dst: int | None, recvbuf: Any | None,
-                src: int | None, op: ReduceOp | None, inbuf: Any | None) -> None:
+                src: int | None, op: ReduceOp | None, inbuf: Any | None,
+                shared: bool = True) -> None:
         """Publish `sendbuf` to `dst` while taking `recvbuf` from `src`, a slot at a time or
-        by a direct read (with `op`: recvbuf = op(inbuf, what arrives))."""
+        by a direct read (with `op`: recvbuf = op(inbuf, what arrives)). A large message sent
+        one way only goes shared, where `shared` and every rank has a core (see "Shared
+        copies")."""
         slot = self.slot_bytes
         out = sendbuf.view(numpy.uint8) if sendbuf is not None else None
         into = recvbuf.view(numpy.uint8) if recvbuf is not None else None
         region = self._region_of(out) if out is not None and self._registered else None
-        direct = out is not None and (region is not None or self.single_copy
+        shared = (shared and region is None and into is None and out is not None
+                  and self.shares_from is not None and out.size >= self.shares_from)
+        direct = out is not None and (region is not None or shared or self.single_copy
                                       and into is not None and out.size >= self.direct_bytes)
         n_out = 0 if out is None else 1 if direct else -(-out.size // slot)
         n_in = 0 if into is None else -(-into.size // slot)
@@ -246,7 +275,7 @@ class SlotTransport(Transport):
             while k_out < n_out and self._slot_free():
                 if direct:
                     read_by = self._announce(dst, out.size, *region) if region else \
-                        self._announce(dst, out.size, address=out.ctypes.data)
+                        self._announce(dst, out.size, address=out.ctypes.data, shared=shared)
                 else:
                     self._publish(out[k_out * slot:(k_out + 1) * slot], dst, out.size)
                 k_out += 1
@@ -266,6 +295,8 @@ class SlotTransport(Transport):
                             into[...] = mapped
                         else:
                             op(inbuf, mapped.view(recvbuf.dtype), out=recvbuf)
+                    elif address and self._ctl[src][line + 5] and op is None:
+                        self._take_shared(src, address, into)
                     elif address:
                         self._read(src, address, into, recvbuf.dtype, op, inbuf)
                     if region or address:
@@ -285,6 +316,8 @@ class SlotTransport(Transport):
             if k_out == n_out and k_in == n_in:
                 if read_by is None or self._has_taken(*read_by):
                     return
+                if shared:
+                    self._give_shared(read_by, out)
                 self.wait(lambda: self._has_taken(*read_by), dst, "its message to be read")
                 return
             self.wait(lambda: (k_out < n_out and self._slot_free())
@@ -360,6 +393,38 @@ class SlotTransport(Transport):
             raise CollectiveError(f"rank {self.rank} could not read rank {src}'s message"
                                   + (f" during {self.where}" if self.where else "")) from error
 
+    def _give_shared(self, read_by: tuple[int, int], out: Any) -> None:
+        """The sender's side of a shared message (see "Shared copies"): once the receiver has
+        said where it lands, write our part of `out` there, then say so."""
+        dst, seq = read_by
+        asked = (self._share_line + self.rank) * WORDS  # in dst's control lines
+        theirs = self._ctl[dst]
+        self.wait(lambda: theirs[asked] > seq or self._has_taken(dst, seq), dst,
+                  "its message to be asked for")
+        if theirs[asked] > seq:  # (else the receiver reduced it, reading it all)
+            address = theirs[asked + 1]
+            try:
+                self.memory.write(self._pids[dst], address, out[:_sender_part(out.size)])
+            except OSError as error:  # the peer died, or the kernel changed its mind
+                self._check_peer(dst)
+                raise CollectiveError(f"rank {self.rank} could not write its message into "
+                                      f"rank {dst}"
+                                      + (f" during {self.where}" if self.where else "")) \
+                    from error
+        self._own[(self._share_line + dst) * WORDS + 2] = seq + 1  # our part has landed
+
+    def _take_shared(self, src: int, address: int, into: Any) -> None:
+        """The receiver's side of a shared message at `address` in `src`: say where it lands,
+        read all but the sender's part, and wait for that part. (A receiver that reduces a
+        message reads it all, `_read`, and the sender sees it taken.)"""
+        seq, line = self._taken[src], (self._share_line + src) * WORDS
+        part = _sender_part(into.size)
+        self._own[line + 1] = into.ctypes.data
+        self._own[line] = seq + 1  # last: the sender may write now
+        self._read(src, address + part, into[part:], into.dtype, None, None)
+        written = (self._share_line + self.rank) * WORDS + 2  # in src's control lines
+        self.wait(lambda: self._ctl[src][written] > seq, src, "its part of a message")
+
     def _consumed(self, src: int) -> None:
         """Count one more segment (or direct message) taken from `src`, for it to see."""
         self._taken[src] += 1
@@ -380,16 +445,18 @@ class SlotTransport(Transport):
         self._announce(dst, nbytes)
 
     def _announce(self, dst: int, nbytes: int, region: int = 0, offset: int = 0,
-                  address: int = 0) -> tuple[int, int]:
+                  address: int = 0, shared: bool = False) -> tuple[int, int]:
         """Fill the next slot's line: what it holds for `dst`, of a message of `nbytes`, and
         where the message lies: in registered `region` (numbered from 1) at `offset`, at
-        `address` in this process, or (neither) in the slot. Returns (dst, seq)."""
+        `address` in this process (`shared`: the sender writes part of it, see "Shared
+        copies"), or (neither) in the slot. Returns (dst, seq)."""
         j = self._next_slot
         seq = self._sent[dst]
         word = self._slot_words[j]
         own = self._own
         own[word + 1], own[word + 2], own[word + 3], own[word + 4] = nbytes, address, region, \
             offset
+        own[word + 5] = int(shared)
         own[word] = (dst + 1) << 48 | seq  # last: the segment is now visible
         self._occupant[j] = (dst, seq)
         self._sent[dst] = seq + 1
