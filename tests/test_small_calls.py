@@ -103,7 +103,7 @@ def test_unchecked_small_inputs_of_different_sizes_are_named_on_every_rank(tmp_p
     for transport in ("shm", "mpi"):
         for rank, (mine, theirs) in enumerate(((32, 40), (40, 32))):
             said = (tmp_path / f"{transport}-{rank}.txt").read_text()
-            assert said.startswith(f"MismatchError: rank {rank} all-reduces {mine} bytes but "
+            assert said.startswith(f"MismatchError: rank {rank} exchanges {mine} bytes but "
                                    f"rank {1 - rank} {theirs} during all_reduce #3"), said
 
 

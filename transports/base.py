@@ -351,7 +351,7 @@ class Transport(ABC):
             if calls.count(call) != self.size:
                 raise CallsDiffer(calls)
         r, other = next((r, line) for r, line in enumerate(lines) if line[CALL_WORDS] != nbytes)
-        raise MismatchError(f"rank {self.rank} all-reduces {nbytes} bytes but rank {r} "
+        raise MismatchError(f"rank {self.rank} exchanges {nbytes} bytes but rank {r} "
                             f"{other[CALL_WORDS]}"
                             + (f" during {self.where}" if self.where else ""))
 
