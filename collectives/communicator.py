@@ -369,12 +369,7 @@ class Communicator:
         check_root(root, self.size)
         check_writeable(buf, "buf")
         work, copied = flat_work(buf, xp)
-        # Small: one exchange, which carries the call check along. It copies the buffer twice
-        # on every rank; where one-way messages are shared (slots.py, "Shared copies"), the
-        # chain copies it once over two cores, which measured faster from twice the smallest
-        # shared message.
-        shared = self._transport.shares_from
-        if self._one_shot(buf) and (shared is None or buf.nbytes < 2 * shared):
+        if self._one_shot(buf):  # small: one exchange, which carries the call check along
             self._begin("broadcast", buf.size, buf.dtype, root=root, folded=True)
             one_shot_broadcast(self._transport, work, root)
         else:

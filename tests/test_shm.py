@@ -267,23 +267,20 @@ def mismatch_scenario(single_copy: str) -> None:
 
 
 def direct_scenario() -> None:
-    """Which messages go by direct read: from `direct_bytes` up, which is lower where every
-    rank has a core of its own (transports/slots.py, DIRECT_BYTES); and which one-way
-    messages are shared, the sender writing its part into the receiver (slots.py, "Shared
-    copies"): the same ones, where every rank has a core. Messages on either side of each
-    threshold, one way and both ways, checked against NumPy, with the reads and writes
-    counted."""
+    """Which messages go by direct read: from DIRECT_BYTES up, sent while receiving (a ring
+    step, a sendrecv); and which are shared, the sender writing its part into the receiver
+    (slots.py, "Shared copies"): from DIRECT_BYTES up, sent one way, where every rank has a
+    core. Messages on either side of the threshold, one way and both ways, checked against
+    NumPy, with the reads and writes counted."""
     from mpi4py import MPI
 
-    from transports.slots import DIRECT_BYTES, OVERSUBSCRIBED_DIRECT_BYTES
+    from transports.slots import DIRECT_BYTES
 
     os.environ["RINGCC_SINGLE_COPY"] = "1"
     with collectives.init("shm", timeout=30) as comm:
         rank, size, transport = comm.rank, comm.size, comm._transport
         cores = set().union(*MPI.COMM_WORLD.allgather(os.sched_getaffinity(0)))
         assert transport.oversubscribed == (size > len(cores))
-        assert transport.direct_bytes == (OVERSUBSCRIBED_DIRECT_BYTES if transport.oversubscribed
-                                          else DIRECT_BYTES)
         assert transport.shares_from == (None if transport.oversubscribed else DIRECT_BYTES)
         moved: list[tuple[str, int]] = []
         memory = transport.memory
@@ -293,13 +290,12 @@ def direct_scenario() -> None:
         memory.write = lambda pid, address, data: (moved.append(("write", data.nbytes)),
                                                    write(pid, address, data))
         right, left = (rank + 1) % size, (rank - 1) % size
-        for nbytes in (DIRECT_BYTES - 64, DIRECT_BYTES, OVERSUBSCRIBED_DIRECT_BYTES):
+        for nbytes in (DIRECT_BYTES - 64, DIRECT_BYTES):
             mine = numpy.arange(nbytes // 8, dtype=float) * size + rank
             moved.clear()
             got = comm.sendrecv(mine, right, src=left)  # both ways: a direct read, if any
             numpy.testing.assert_array_equal(got, mine - rank + left)
-            assert moved == ([("read", nbytes)] if nbytes >= transport.direct_bytes else []), \
-                moved
+            assert moved == ([("read", nbytes)] if nbytes >= DIRECT_BYTES else []), moved
             moved.clear()
             if rank == 0:  # one way: shared where every rank has a core
                 comm.send(mine, 1)
@@ -344,7 +340,7 @@ def test_always_one_shot():
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
-def test_direct_reads_and_shared_copies_from_a_lower_size_where_each_rank_has_a_core(ranks):
+def test_direct_reads_both_ways_and_shared_copies_one_way_where_each_rank_has_a_core(ranks):
     job = mpiexec(ranks, __file__, "direct", timeout=60)
     assert job.stdout.count("direct ok") == ranks
 

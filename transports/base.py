@@ -114,9 +114,6 @@ class Transport(ABC):
         # before a wait first yields, is 0).
         self.oversubscribed = False
         self.spin = 50
-        # The smallest message sent one way that both ends move at once, each copying part of
-        # it (slots.py, "Shared copies"); None where the transport does not.
-        self.shares_from: int | None = None
         self.stats = Stats()
         # The peers on other nodes, whose bytes `stats` also counts apart; a transport that
         # can span nodes says which they are.

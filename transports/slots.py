@@ -35,23 +35,25 @@ nothing is reset between collectives. Publishing relies on one rank's stores bec
 visible to the others in program order, as on x86-64.
 
 Direct reads. Where the memory kind can copy straight out of a peer's ordinary memory (host
-memory, through the kernel's cross-memory attach), a message of `direct_bytes` or more that a
+memory, through the kernel's cross-memory attach), a message of DIRECT_BYTES or more that a
 rank sends while it receives one (a ring step) takes one slot line and no slot data: the
 sender writes the address of its own buffer in the line, the receiver copies it from there
 into place in one system call (or, to reduce it, a slot's worth at a time through scratch that
 stays in cache) and counts it consumed, and the sender returns only then, since its buffer is
 being read. Every rank of a ring then makes one copy a step instead of two. A message sent
-one way only (a broadcast's chain) stays in the slots: there sender and receiver copy at
-once, on two cores, which measured faster than one core reading it all. (The receiver takes
-a direct message however it was sent, so the choice is the sender's alone.)
+one way only is not read this way: there sender and receiver copy through the slots at once,
+on two cores, which measured faster than one core reading it all; where every rank has a
+core, it is shared instead (below). (The receiver takes a direct message however it was sent,
+so the choice is the sender's alone.)
 
-Shared copies. Where every rank has a core of its own, a message of `direct_bytes` or more
+Shared copies. Where every rank has a core of its own, a message of DIRECT_BYTES or more
 sent one way only (a broadcast's, a scatter's, a gather's) is moved by both ends at once: the
 sender announces its address as for a direct read; the receiver says in its share line
 where the message lands, and reads all but the first half; the sender writes that half
 straight into the receiver's buffer (`process_vm_writev`), and says so. Two cores each copy
-half, where one read would copy it all; measured, about 1.6 times as fast from 1 MiB to 16
-MiB. (A receiver that reduces the message asks for no part, and reads it all.)
+half, where one read would copy it all: measured on 2 ranks, an 8 or 16 MiB broadcast takes
+about a fifth less time (README, "Shared memory"). A receiver that reduces the message asks
+for no part, and reads it all.
 
 Registered memory. `register` hands out memory in a region of its own that every peer maps,
 as MPI_Win_allocate_shared does. A message sent from there takes one slot line naming the
@@ -96,12 +98,10 @@ LINE = 64  # bytes: a cache line, one counter each
 PAGE = 4096
 SLOTS = 4  # a sender fills some slots while its receiver empties others
 WORDS = LINE // 8  # 8-byte words per line
-# Messages of at least this size, sent while receiving, go by direct reads where the memory kind
-# allows (see "Direct reads"): below it, measured, a copy through the slots costs less. Where
-# ranks outnumber cores, a direct read keeps its sender waiting until a reader that may be
-# waiting for a core has read it all: there, measured, only messages of several MiB gain.
-DIRECT_BYTES = 256 << 10
-OVERSUBSCRIBED_DIRECT_BYTES = 4 << 20
+# Messages of at least this size go by direct reads (or shared copies), where the memory kind
+# allows (see "Direct reads"): below it, measured, copies through the slots, which stay in the
+# caches, cost less.
+DIRECT_BYTES = 4 << 20
 # Control lines: two counters, then one per peer (consumed), then one per slot.
 BARRIER, PUBLISHED, CONSUMED = 0, 1, 2
 KEPT_EXCHANGES = 64  # one-shot exchanges kept, one per (shape, dtype) seen
@@ -205,12 +205,11 @@ class SlotTransport(Transport):
         pids = self.comm.allgather(os.getpid())
         # Watch peers for death only if their pids mean something here (same pid namespace).
         self._pids = pids if all(_alive(p) for p in pids) else None
-        # Messages from `direct_bytes` up are read straight out of the sender's buffer, where
+        # Messages from DIRECT_BYTES up are read straight out of the sender's buffer, where
         # the memory kind can: one copy instead of two, through no slot.
         self.single_copy = self.memory.can_read(self.comm, pids, self._pids is not None)
-        self.direct_bytes = OVERSUBSCRIBED_DIRECT_BYTES if self.oversubscribed else DIRECT_BYTES
-        if self.single_copy and not self.oversubscribed:
-            self.shares_from = self.direct_bytes
+        # One-way messages from here up are shared (see "Shared copies"); None: none are.
+        self.shares_from = DIRECT_BYTES if self.single_copy and not self.oversubscribed else None
         self._scratch = numpy.empty(self.slot_bytes, numpy.uint8) if self.single_copy else None
         self._registered: list[list[Any]] = []  # per registered region: every rank's mapping
         self._registered_at: list[tuple[int, int]] = []  # per region: our mapping's [lo, hi)
@@ -266,7 +265,7 @@ class SlotTransport(Transport):
         shared = (shared and region is None and into is None and out is not None
                   and self.shares_from is not None and out.size >= self.shares_from)
         direct = out is not None and (region is not None or shared or self.single_copy
-                                      and into is not None and out.size >= self.direct_bytes)
+                                      and into is not None and out.size >= DIRECT_BYTES)
         n_out = 0 if out is None else 1 if direct else -(-out.size // slot)
         n_in = 0 if into is None else -(-into.size // slot)
         k_out = k_in = 0
