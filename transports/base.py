@@ -15,6 +15,7 @@ message). Each transport overrides only the raw moves `_sendrecv`, `_barrier`, a
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 import time
@@ -251,6 +252,34 @@ class Transport(ABC):
             self.begin(f"{collective} #{number}", None if call is None else (number, *call),
                        "one-shot")
             return self.all_inputs(buf)
+        return exchange
+
+    def _prepare_one_shot(self, shape: tuple[int, ...], dtype: Any, collective: str,
+                          call: tuple[int, ...] | None,
+                          move: Callable[[Any, bytearray], list[Any]]) -> Exchange:
+        """A prepared exchange (`prepare_all_inputs`) around a transport's one-shot exchange,
+        `move(buf, line)`, which sends `buf` with its `CALL_LINE` and returns every rank's
+        input: the line is packed once, and a call writes only its number into it; the call is
+        named (formatted only for a message) and counted as `begin` and `all_inputs` would. A
+        traced or watched call goes the general way, which records it."""
+        nbytes = math.prod(shape) * numpy.dtype(dtype).itemsize
+        general = Transport.prepare_all_inputs(self, shape, dtype, collective, call)
+        line = bytearray(CALL_LINE.pack(*((0, *call) if call else NO_CALL), nbytes))
+        number_word = memoryview(line).cast("Q")
+        moved, peers = (self.size - 1) * nbytes, self.size - 1
+
+        def exchange(buf: Any, number: int) -> list[Any]:
+            if self.trace is not None or self.on_transfer is not None:
+                return general(buf, number)
+            self._what, self._number = collective, number
+            self.phase, self.step, self._call = "one-shot", 0, None
+            if call is not None:
+                number_word[0] = number
+            stats = self.stats
+            stats.bytes_sent += moved
+            stats.bytes_received += moved
+            stats.messages += peers
+            return move(buf, line)
         return exchange
 
     def count(self, sendbuf: Any | None, dst: int | None, recvbuf: Any | None,

@@ -230,30 +230,15 @@ class MPITransport(Transport):
 
     def prepare_all_inputs(self, shape: tuple[int, ...], dtype: Any, collective: str,
                            call: tuple[int, ...] | None) -> Exchange:
-        """The one-shot exchange (`_one_shot`) with the call's naming, counting, header, packet
-        and views worked out beforehand: a call writes its number in the header, and that is
-        all. A traced or watched call goes the general way, which records it."""
+        """The one-shot exchange (`_one_shot`) with the call's naming, counting and header
+        worked out beforehand (`_prepare_one_shot`), and its packet and views kept."""
         nbytes = math.prod(shape) * numpy.dtype(dtype).itemsize
-        general = super().prepare_all_inputs(shape, dtype, collective, call)
         if (self.xp is not numpy or not 0 < nbytes <= self.one_shot_bytes or self.size == 1
                 or self.off_node):  # (across nodes, the general way counts those bytes apart)
-            return general
-        line = bytearray(CALL_LINE.pack(*((0, *call) if call else NO_CALL), nbytes))
-        number_word = memoryview(line).cast("Q")
-        moved, peers = (self.size - 1) * nbytes, self.size - 1
+            return super().prepare_all_inputs(shape, dtype, collective, call)
         held: list[Any] = [None, None]  # the packet's _Shot and every rank's input in it
 
-        def exchange(buf: Any, number: int) -> list[Any]:
-            if self.trace is not None or self.on_transfer is not None:
-                return general(buf, number)
-            self._what, self._number = collective, number
-            self.phase, self.step, self._call = "one-shot", 0, None
-            if call is not None:
-                number_word[0] = number
-            stats = self.stats
-            stats.bytes_sent += moved
-            stats.bytes_received += moved
-            stats.messages += peers
+        def move(buf: Any, line: bytearray) -> list[Any]:
             shot, inputs = held
             if shot is None or shot.freed:  # (calls of other sizes may have pushed it out)
                 shot = self._outgoing(CALL_LINE.size + nbytes)
@@ -261,7 +246,7 @@ class MPITransport(Transport):
                 held[:] = shot, inputs
             self._one_shot(shot, inputs, buf, line)
             return inputs
-        return exchange
+        return self._prepare_one_shot(shape, dtype, collective, call, move)
 
     def _one_shot(self, shot: _Shot, inputs: list[Any] | None, host: numpy.ndarray,
                   line: bytes) -> None:

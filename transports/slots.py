@@ -512,30 +512,12 @@ class SlotTransport(Transport):
     def prepare_all_inputs(self, shape: tuple[int, ...], dtype: Any, collective: str,
                            call: tuple[int, ...] | None) -> Exchange:
         """The one-shot exchange (`_one_shot_exchange`) with the call's naming, counting and
-        call line worked out beforehand: a call writes its number in the line, and that is all.
-        A traced or watched call goes the general way, which records it."""
+        call line worked out beforehand (`_prepare_one_shot`)."""
         nbytes = math.prod(shape) * numpy.dtype(dtype).itemsize
-        general = super().prepare_all_inputs(shape, dtype, collective, call)
         if not 0 < nbytes <= self._area_bytes or self.size == 1:
-            return general
-        one_shot = self._one_shot_exchange(shape, dtype)
-        line = bytearray(CALL_LINE.pack(*((0, *call) if call else NO_CALL), nbytes))
-        number_word = memoryview(line).cast("Q")
-        moved, peers = (self.size - 1) * nbytes, self.size - 1
-
-        def exchange(buf: Any, number: int) -> list[Any]:
-            if self.trace is not None or self.on_transfer is not None:
-                return general(buf, number)
-            self._what, self._number = collective, number
-            self.phase, self.step, self._call = "one-shot", 0, None
-            if call is not None:
-                number_word[0] = number
-            stats = self.stats
-            stats.bytes_sent += moved
-            stats.bytes_received += moved
-            stats.messages += peers
-            return one_shot(buf, line)
-        return exchange
+            return super().prepare_all_inputs(shape, dtype, collective, call)
+        return self._prepare_one_shot(shape, dtype, collective, call,
+                                      self._one_shot_exchange(shape, dtype))
 
     def _one_shot_exchange(self, shape: tuple[int, ...],
                            dtype: Any) -> Callable[[Any, bytes], list[Any]]:
