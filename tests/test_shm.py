@@ -164,6 +164,19 @@ def failure_scenario(how: str) -> None:
     comm.all_reduce(work)
 
 
+def shared_failure_scenario() -> None:
+    """Rank 1 dies in the middle of a shared message (slots.py, "Shared copies"): it has told
+    rank 0 where the message lands, and rank 0 writes its half into a process that is gone."""
+    comm = collectives.init("shm", timeout=10)
+    assert comm._transport.shares_from is not None, "needs a core per rank"
+    message = numpy.arange(1 << 23, dtype=numpy.float64)  # 64 MiB: shared
+    if comm.rank == 1:
+        comm._transport.memory.read = lambda *args: os.kill(os.getpid(), signal.SIGKILL)
+        comm.recv(numpy.empty_like(message), 0)
+    else:
+        comm.send(message, 1)
+
+
 def errors_scenario() -> None:
     """The errors of `init`, and the region's mode: none of them allocates a region."""
     from transports import bootstrap, shared_memory
@@ -365,6 +378,12 @@ def test_nothing_left_after_kill_9_and_the_job_ends():
     assert_gone(regions_of(job.stdout))
 
 
+def test_a_rank_killed_within_a_shared_message_ends_the_job():
+    job = mpiexec(2, __file__, "shared_failure", timeout=60, check=False)
+    assert job.returncode != 0
+    assert_gone(regions_of(job.stdout))
+
+
 def test_errors_come_before_any_region_and_regions_are_0600():
     job = mpiexec(2, __file__, "errors", timeout=60)
     assert job.stdout.count("errors ok") == 2
@@ -378,16 +397,20 @@ def test_registered_memory_is_read_in_place_and_freed():
     assert_gone(regions_of(job.stdout))
 
 
-@pytest.mark.parametrize("single_copy", ["1", "0"], ids=["single copy", "slots only"])
-def test_a_mismatch_found_in_the_first_exchange_withdraws_what_was_published(single_copy):
-    job = mpiexec(3, __file__, "mismatch", single_copy, timeout=120)
-    assert job.stdout.count("mismatch ok") == 3
+@pytest.mark.parametrize("ranks, single_copy", [(3, "1"), (3, "0"), (2, "1")],
+                         ids=["single copy", "slots only", "shared, 2 ranks"])
+def test_a_mismatch_found_in_the_first_exchange_withdraws_what_was_published(ranks,
+                                                                              single_copy):
+    """On 2 ranks of 2 cores a gather's 4 MiB block is a shared message (slots.py)."""
+    job = mpiexec(ranks, __file__, "mismatch", single_copy, timeout=120)
+    assert job.stdout.count("mismatch ok") == ranks
     assert_gone(regions_of(job.stdout))
 
 
 SCENARIOS = {"collectives": collectives_scenario, "failure": failure_scenario,
              "errors": errors_scenario, "registered": registered_scenario,
-             "mismatch": mismatch_scenario, "direct": direct_scenario}
+             "mismatch": mismatch_scenario, "direct": direct_scenario,
+             "shared_failure": shared_failure_scenario}
 
 if __name__ == "__main__":
     record_regions()
