@@ -120,6 +120,21 @@ def test_the_other_collectives(on_nodes, shape, collective, count, dtype_op, lay
     check(results, **wanted(check, arguments))
 
 
+def test_small_all_reduces_of_one_kind_take_the_lane_on_nodes():
+    """Once a kind of small all-reduce is known, the small-call lane takes it
+    (collectives/small.py): on this transport through the base class's prepared exchange,
+    which begins each call as the general path does. Every form it takes gives the result.
+    (The property tests' communicators, and threads by default, turn one-shot off, and with
+    it the lane.)"""
+    body = functools.partial(cases.small_call_case, dtype="float64", op="avg")
+    mine = [cases.values(r, 6, "float64").reshape(2, 3) for r in range(4)]
+    want = cases.reduce_reference("avg", mine)
+    for outcome in collectives.spawn(body, 4, node_size=2, one_shot_bytes=1 << 20):
+        cases.assert_matches(outcome["lane"][0], want, "float64")
+        for form in ("into", "in_place", "into_view", "into_strided", "overlapping"):
+            cases.assert_matches(outcome[form], want, "float64")
+
+
 def test_thread_nodes_must_divide_the_ranks_and_the_algorithm_needs_the_nodes():
     with pytest.raises(collectives.InvalidArgumentError, match="must divide"):
         collectives.spawn(lambda comm: None, 5, node_size=2)
