@@ -49,13 +49,15 @@ def small_all_reduce(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None,
     general path. The caller has seen that sendbuf is a NumPy array of at most
     `comm._small_bytes`, more than zero."""
     transport = comm._transport
+    if (transport.trace is not None or transport.on_transfer is not None
+            or comm._broken is not None or transport.closed or not sendbuf.flags.c_contiguous):
+        return None
     kind = comm._small_calls.get((op, sendbuf.dtype, sendbuf.shape)) \
         if type(op) is str else None
     if kind is None:
         kind = _learn(comm, op, sendbuf.dtype, sendbuf.shape)
-    if (kind is None or transport.trace is not None or transport.on_transfer is not None
-            or comm._broken is not None or transport.closed or not sendbuf.flags.c_contiguous):
-        return None
+        if kind is None:
+            return None
     if comm._progress.outstanding and not comm._progress.on_thread():
         return None  # its turn comes after the queued calls (on the progress thread: now)
     if recvbuf is not None and not _takes_result(recvbuf, sendbuf):

@@ -177,6 +177,43 @@ def shared_failure_scenario() -> None:
         comm.send(message, 1)
 
 
+def late_share_scenario() -> None:
+    """Rank 0's half of a shared message comes after rank 1 has given up waiting for it: rank
+    1 times out, naming what it waited for, and keeps the buffer it lent (slots._LENT), so the
+    late write lands in memory nobody reuses; rank 0 times out in its turn."""
+    import time
+
+    from mpi4py import MPI
+
+    from transports import slots
+
+    comm = collectives.init("shm", timeout=1)
+    assert comm._transport.shares_from is not None, "needs a core per rank"
+    message = numpy.arange(1 << 20, dtype=numpy.float64)  # 8 MiB: shared
+    memory = comm._transport.memory
+    if comm.rank == 0:
+        write = memory.write
+        memory.write = lambda *args: (time.sleep(2), write(*args))
+    received = numpy.zeros_like(message)
+    try:
+        if comm.rank == 0:
+            comm.send(message, 1)
+        else:
+            comm.recv(received, 0)
+    except collectives.CollectiveTimeoutError as error:
+        said = str(error)
+    MPI.COMM_WORLD.Barrier()  # rank 0's late write has landed
+    if comm.rank == 1:
+        assert "its part of a message" in said, said
+        assert any(lent.base is received or lent.base is received.base
+                   or numpy.shares_memory(lent, received) for lent in slots._LENT), slots._LENT
+        half = len(message) // 2
+        numpy.testing.assert_array_equal(received[:half], message[:half])  # the late half
+    else:
+        assert "its message to be read" in said, said
+    print("late share ok", flush=True)
+
+
 def errors_scenario() -> None:
     """The errors of `init`, and the region's mode: none of them allocates a region."""
     from transports import bootstrap, shared_memory
@@ -384,6 +421,12 @@ def test_a_rank_killed_within_a_shared_message_ends_the_job():
     assert_gone(regions_of(job.stdout))
 
 
+def test_a_receiver_that_gives_up_on_a_shared_message_keeps_the_buffer_it_lent():
+    job = mpiexec(2, __file__, "late_share", timeout=60)
+    assert job.stdout.count("late share ok") == 2
+    assert_gone(regions_of(job.stdout))
+
+
 def test_errors_come_before_any_region_and_regions_are_0600():
     job = mpiexec(2, __file__, "errors", timeout=60)
     assert job.stdout.count("errors ok") == 2
@@ -410,7 +453,7 @@ def test_a_mismatch_found_in_the_first_exchange_withdraws_what_was_published(ran
 SCENARIOS = {"collectives": collectives_scenario, "failure": failure_scenario,
              "errors": errors_scenario, "registered": registered_scenario,
              "mismatch": mismatch_scenario, "direct": direct_scenario,
-             "shared_failure": shared_failure_scenario}
+             "shared_failure": shared_failure_scenario, "late_share": late_share_scenario}
 
 if __name__ == "__main__":
     record_regions()

@@ -83,13 +83,18 @@ def can_read_peers(comm: MPI.Comm, pids: list[int], wanted: bool = True) -> bool
     addresses = comm.allgather(mark.ctypes.data)
     right = (comm.Get_rank() + 1) % comm.Get_size()
     seen = numpy.zeros(1, numpy.uint64)
+    works = False
     try:
-        read_peer(pids[right], addresses[right], seen)
-        write_peer(pids[right], addresses[right] + 8, mark[:1])
-        works = int(seen[0]) == 0x72696E6763630000 + right
+        if wanted:
+            read_peer(pids[right], addresses[right], seen)
+            # Write only into the process that the read proved to be the peer: where pids
+            # mean nothing here, that pid may be someone else's.
+            works = int(seen[0]) == 0x72696E6763630000 + right
+            if works:
+                write_peer(pids[right], addresses[right] + 8, mark[:1])
     except OSError:
         works = False
-    return bool(comm.allreduce(wanted and works, op=MPI.LAND))  # after it, nobody uses `mark`
+    return bool(comm.allreduce(works, op=MPI.LAND))  # after it, nobody uses `mark`
 
 
 def create_region(nbytes: int) -> tuple[str, numpy.ndarray]:

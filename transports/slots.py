@@ -137,6 +137,11 @@ class MemoryKind(Protocol):
         """The bytes at `address` in process `pid` = data (only used if `can_read`)."""
 
 
+# Buffers that a peer may still write into (a shared message's receiver gave up waiting for the
+# sender's part): kept until exit, so that a late write never lands in reused memory.
+_LENT: list[Any] = []
+
+
 def _sender_part(nbytes: int) -> int:
     """Of a shared message of `nbytes`, the bytes the sender writes (the first ones): half, in
     whole cache lines."""
@@ -420,9 +425,14 @@ class SlotTransport(Transport):
         part = _sender_part(into.size)
         self._own[line + 1] = into.ctypes.data
         self._own[line] = seq + 1  # last: the sender may write now
-        self._read(src, address + part, into[part:], into.dtype, None, None)
         written = (self._share_line + self.rank) * WORDS + 2  # in src's control lines
-        self.wait(lambda: self._ctl[src][written] > seq, src, "its part of a message")
+        try:
+            self._read(src, address + part, into[part:], into.dtype, None, None)
+            self.wait(lambda: self._ctl[src][written] > seq, src, "its part of a message")
+        except BaseException:
+            # A live sender may still write into `into`: keep its memory from being reused.
+            _LENT.append(into)
+            raise
 
     def _consumed(self, src: int) -> None:
         """Count one more segment (or direct message) taken from `src`, for it to see."""
