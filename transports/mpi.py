@@ -222,7 +222,7 @@ class MPITransport(Transport):
         shot = self._outgoing(CALL_LINE.size + (host.nbytes if with_data else 0))
         inputs = None
         if with_data:
-            inputs = shot.kinds.get((host.shape, host.dtype)) or self._views_of(shot, host)
+            inputs = self._views_of(shot, host)
         self._one_shot(shot, inputs, host, CALL_LINE.pack(*(call or NO_CALL), host.nbytes))
         if inputs is None:
             return self._exchange(buf)
@@ -242,7 +242,7 @@ class MPITransport(Transport):
             shot, inputs = held
             if shot is None or shot.freed:  # (calls of other sizes may have pushed it out)
                 shot = self._outgoing(CALL_LINE.size + nbytes)
-                inputs = shot.kinds.get((buf.shape, buf.dtype)) or self._views_of(shot, buf)
+                inputs = self._views_of(shot, buf)
                 held[:] = shot, inputs
             self._one_shot(shot, inputs, buf, line)
             return inputs
@@ -277,6 +277,9 @@ class MPITransport(Transport):
         """Every rank's input of `host`'s kind within the one-shot packets: this rank's in
         `shot`, the peers' where their packets land. Made once per kind (a run of small calls
         is mostly of a few)."""
+        inputs = shot.kinds.get((host.shape, host.dtype))
+        if inputs is not None:
+            return inputs
         if len(shot.kinds) >= KEPT_SIZES:
             shot.kinds.clear()
         views = [b[CALL_LINE.size:CALL_LINE.size + host.nbytes] for b in self._landing.buffers]

@@ -514,10 +514,8 @@ class SlotTransport(Transport):
             if call is not None:
                 self._all_inputs(buf[:0], call)
             return self._exchange(buf)
-        exchange = self._exchanges.get((buf.shape, buf.dtype))
-        if exchange is None:
-            exchange = self._one_shot_exchange(buf.shape, buf.dtype)
-        return exchange(buf, CALL_LINE.pack(*(call or NO_CALL), buf.nbytes))
+        return self._one_shot_exchange(buf.shape, buf.dtype)(
+            buf, CALL_LINE.pack(*(call or NO_CALL), buf.nbytes))
 
     def prepare_all_inputs(self, shape: tuple[int, ...], dtype: Any, collective: str,
                            call: tuple[int, ...] | None) -> Exchange:
@@ -542,6 +540,9 @@ class SlotTransport(Transport):
         both areas, the lines) is worked out here, once per shape and dtype, and kept; the
         call lines are compared as bytes.
         """
+        kept = self._exchanges.get((shape, dtype))
+        if kept is not None:
+            return kept
         if len(self._exchanges) >= KEPT_EXCHANGES:  # a sweep of sizes: start again
             self._exchanges.clear()
         nbytes = math.prod(shape) * numpy.dtype(dtype).itemsize
