@@ -24,7 +24,6 @@ from typing import Callable
 
 import numpy
 
-from collectives.scatter import HEADER_BYTES
 from transports.base import DEFAULT_SEGMENT_BYTES
 
 # The model of each collective as ringcc runs it: (steps, bytes on the critical path) for
@@ -43,8 +42,8 @@ MODELS: dict[str, tuple[str, Model]] = {
     "all_gather": ("(N-1) a + (N-1)/N S b", lambda n, s, seg: (n - 1, (n - 1) / n * s)),
     "reduce_scatter": ("(N-1) a + (N-1)/N S b", lambda n, s, seg: (n - 1, (n - 1) / n * s)),
     "broadcast": ("(m+N-2) a + (m+N-2) S/m b, m = S/segment", _broadcast),
-    "scatter": ("2(N-1) a + (N-1)/N S b (a header before each block)",
-                lambda n, s, seg: (2 * (n - 1), (n - 1) / n * s + (n - 1) * HEADER_BYTES)),
+    "scatter": ("N a + (N-1)/N S b (an exchange that describes the blocks, then each)",
+                lambda n, s, seg: (n, (n - 1) / n * s)),
     "gather": ("(N-1) a + (N-1)/N S b", lambda n, s, seg: (n - 1, (n - 1) / n * s)),
     "reduce": ("2(N-1) a + 2(N-1)/N S b (the root's ring, then its gather)",
                lambda n, s, seg: (2 * (n - 1), 2 * (n - 1) / n * s)),

@@ -39,7 +39,8 @@ from .reduce import one_shot_reduce, reduce_to_root
 from .reduce_scatter import one_shot_reduce_scatter, ring_reduce_scatter
 from .scan import recursive_doubling_scan
 from .scatter import scatter_from_root
-from .small import small_all_reduce
+from .small import (GENERAL, small_all_gather, small_all_reduce, small_all_to_all,
+                    small_broadcast, small_gather, small_reduce, small_reduce_scatter)
 from .timeline import Trace, record_span, write_timeline
 from .work import Progress, Work
 
@@ -230,10 +231,9 @@ class Communicator:
         one of the naive all-reduces kept to teach, "naive_ring" and "reduce_broadcast".
         With `async_op=True` it returns a `Work` (see the class).
         """
-        if (algorithm == "auto" and not async_op and type(sendbuf) is numpy.ndarray
-                and 0 < sendbuf.nbytes <= self._small_bytes):  # perhaps the lane (small.py)
+        if algorithm == "auto" and self._small(sendbuf, async_op):
             result = small_all_reduce(self, sendbuf, recvbuf, op)
-            if result is not None:
+            if result is not GENERAL:
                 return result
         return self._all_reduce(sendbuf, recvbuf, op, algorithm, async_op=async_op)
 
@@ -244,8 +244,7 @@ class Communicator:
         transport = self._transport
         xp = transport.xp
         check_buffers(xp, transport.name, sendbuf, recvbuf)
-        ufunc = (self._ufuncs.get((op, sendbuf.dtype)) if isinstance(op, str) else None) \
-            or self._resolve(op, sendbuf.dtype)
+        ufunc = self._resolve(op, sendbuf.dtype)
         recvbuf, in_place = self._result(sendbuf, recvbuf)
         work, copied = flat_work(recvbuf, xp)
         # Out of place, the algorithm reads the input where it lies instead of copying it
@@ -267,14 +266,23 @@ class Communicator:
             recvbuf[...] = work.reshape(recvbuf.shape)
         return recvbuf
 
-    @collective
-    def all_gather(self, sendbuf: Any, recvbuf: Any | None = None,
-                   counts: Any | None = None) -> Any:
+    def all_gather(self, sendbuf: Any, recvbuf: Any | None = None, counts: Any | None = None,
+                   *, async_op: bool = False) -> Any:
         """Gather every rank's `sendbuf` on every rank: shape (size, *sendbuf.shape), rank order.
 
         counts: uneven blocks, flat (MPI's Allgatherv; blocks.py): rank r sends counts[r]
         elements, and every rank gets all of them in rank order.
         """
+        if counts is None and self._small(sendbuf, async_op):
+            result = small_all_gather(self, sendbuf, recvbuf)
+            if result is not GENERAL:
+                return result
+        return self._all_gather(sendbuf, recvbuf, counts, async_op=async_op)
+
+    @collective
+    def _all_gather(self, sendbuf: Any, recvbuf: Any | None = None,
+                    counts: Any | None = None) -> Any:
+        """`all_gather` by the general path."""
         xp = self._transport.xp
         check_buffers(xp, self.transport, sendbuf, recvbuf)
         counts, bounds, shape = gathered("all_gather", counts, sendbuf, self.size, self.rank)
@@ -293,9 +301,8 @@ class Communicator:
             recvbuf[...] = work.reshape(recvbuf.shape)
         return recvbuf
 
-    @collective
     def gather(self, sendbuf: Any, recvbuf: Any | None = None, root: int = 0,
-               counts: Any | None = None) -> Any | None:
+               counts: Any | None = None, *, async_op: bool = False) -> Any | None:
         """Gather every rank's `sendbuf` at `root`: shape (size, *sendbuf.shape), block r from
         rank r. Returns it at the root and None elsewhere, where `recvbuf` is ignored (as in
         MPI). In place at the root (MPI_IN_PLACE): pass its own block of `recvbuf` as `sendbuf`.
@@ -303,6 +310,16 @@ class Communicator:
         counts: uneven blocks, flat (MPI's Gatherv; blocks.py): rank r sends counts[r]
         elements, and the root gets all of them in rank order.
         """
+        if counts is None and self._small(sendbuf, async_op):
+            result = small_gather(self, sendbuf, recvbuf, root)
+            if result is not GENERAL:
+                return result
+        return self._gather(sendbuf, recvbuf, root, counts, async_op=async_op)
+
+    @collective
+    def _gather(self, sendbuf: Any, recvbuf: Any | None = None, root: int = 0,
+                counts: Any | None = None) -> Any | None:
+        """`gather` by the general path."""
         xp = self._transport.xp
         check_root(root, self.size)
         recvbuf = recvbuf if self.rank == root else None
@@ -329,19 +346,28 @@ class Communicator:
             recvbuf[...] = work.reshape(recvbuf.shape)
         return recvbuf
 
-    @collective
-    def reduce(self, sendbuf: Any, recvbuf: Any | None = None, op: str = "sum",
-               root: int = 0) -> Any | None:
+    def reduce(self, sendbuf: Any, recvbuf: Any | None = None, op: str = "sum", root: int = 0,
+               *, async_op: bool = False) -> Any | None:
         """Reduce `sendbuf` over all ranks with `op` into `recvbuf` (allocated when None) at
         `root`. Returns it at the root and None elsewhere, where `recvbuf` is ignored (as in
         MPI). `recvbuf is sendbuf` at the root works in place. NaN propagates as in
         `all_reduce`.
         """
+        if self._small(sendbuf, async_op):
+            result = small_reduce(self, sendbuf, recvbuf, op, root)
+            if result is not GENERAL:
+                return result
+        return self._reduce(sendbuf, recvbuf, op, root, async_op=async_op)
+
+    @collective
+    def _reduce(self, sendbuf: Any, recvbuf: Any | None = None, op: str = "sum",
+                root: int = 0) -> Any | None:
+        """`reduce` by the general path."""
         xp = self._transport.xp
         check_root(root, self.size)
         recvbuf = recvbuf if self.rank == root else None
         check_buffers(xp, self.transport, sendbuf, recvbuf)
-        ufunc = resolve_op(op, sendbuf.dtype, xp)
+        ufunc = self._resolve(op, sendbuf.dtype)
         copied = False
         one_shot = self._one_shot(sendbuf)
         if self.rank == root:
@@ -361,9 +387,17 @@ class Communicator:
             recvbuf[...] = work.reshape(recvbuf.shape)
         return recvbuf
 
-    @collective
-    def broadcast(self, buf: Any, root: int = 0) -> Any:
+    def broadcast(self, buf: Any, root: int = 0, *, async_op: bool = False) -> Any:
         """Copy the root's `buf` into `buf` on every rank (in place); returns `buf`."""
+        if self._small(buf, async_op):
+            result = small_broadcast(self, buf, root)
+            if result is not GENERAL:
+                return result
+        return self._broadcast(buf, root, async_op=async_op)
+
+    @collective
+    def _broadcast(self, buf: Any, root: int = 0) -> Any:
+        """`broadcast` by the general path."""
         xp = self._transport.xp
         check_buffers(xp, self.transport, buf)
         check_root(root, self.size)
@@ -414,26 +448,36 @@ class Communicator:
             return work
 
         # Only the root surely knows the blocks' dtype, and their count unless `counts` says:
-        # the check compares the rest.
-        self._begin("scatter", sum(counts) if counts else -1, root=root, counts=counts)
-        block = scatter_from_root(self._transport, blocks, root, receive_into)
+        # the check compares the rest, in the exchange that describes the blocks.
+        self._begin("scatter", sum(counts) if counts else -1, root=root, counts=counts,
+                    folded=True)
+        block = scatter_from_root(self._transport, blocks, root, counts, receive_into)
         if self.rank == root:
             recvbuf[...] = block.reshape(recvbuf.shape)
         elif copy_back is not None:
             recvbuf[...] = copy_back.reshape(recvbuf.shape)
         return recvbuf
 
-    @collective
     def reduce_scatter(self, sendbuf: Any, recvbuf: Any | None = None, op: str = "sum",
-                       counts: Any | None = None) -> Any:
+                       counts: Any | None = None, *, async_op: bool = False) -> Any:
         """Reduce `sendbuf` (shape (size, *block)) over ranks; rank r gets block r.
 
         NaN propagates as in `all_reduce`. counts: uneven blocks, flat (MPI's Reduce_scatter;
         blocks.py): rank r gets the counts[r] elements of block r.
         """
+        if counts is None and self._small(sendbuf, async_op):
+            result = small_reduce_scatter(self, sendbuf, recvbuf, op)
+            if result is not GENERAL:
+                return result
+        return self._reduce_scatter(sendbuf, recvbuf, op, counts, async_op=async_op)
+
+    @collective
+    def _reduce_scatter(self, sendbuf: Any, recvbuf: Any | None = None, op: str = "sum",
+                        counts: Any | None = None) -> Any:
+        """`reduce_scatter` by the general path."""
         xp = self._transport.xp
         check_buffers(xp, self.transport, sendbuf, recvbuf)
-        ufunc = resolve_op(op, sendbuf.dtype, xp)
+        ufunc = self._resolve(op, sendbuf.dtype)
         counts, bounds, shapes = split("reduce_scatter", counts, sendbuf, self.size)
         shape = shapes[self.rank]
         recvbuf = output(recvbuf, shape, sendbuf.dtype, xp)
@@ -461,9 +505,8 @@ class Communicator:
             recvbuf[...] = block.reshape(recvbuf.shape)
         return recvbuf
 
-    @collective
-    def all_to_all(self, sendbuf: Any, recvbuf: Any | None = None,
-                   counts: Any | None = None) -> Any:
+    def all_to_all(self, sendbuf: Any, recvbuf: Any | None = None, counts: Any | None = None,
+                   *, async_op: bool = False) -> Any:
         """Send block j of `sendbuf` (shape (size, *block)) to rank j; block i of the result
         came from rank i. `recvbuf is sendbuf` works in place (at the cost of a copy of the
         input).
@@ -472,6 +515,16 @@ class Communicator:
         rank i sending counts[i][j] elements to rank j, or `size` numbers, rank j getting
         counts[j] elements from each rank.
         """
+        if counts is None and self._small(sendbuf, async_op):
+            result = small_all_to_all(self, sendbuf, recvbuf)
+            if result is not GENERAL:
+                return result
+        return self._all_to_all(sendbuf, recvbuf, counts, async_op=async_op)
+
+    @collective
+    def _all_to_all(self, sendbuf: Any, recvbuf: Any | None = None,
+                    counts: Any | None = None) -> Any:
+        """`all_to_all` by the general path."""
         xp = self._transport.xp
         check_buffers(xp, self.transport, sendbuf, recvbuf)
         counts, send_bounds, recv_bounds, shape, total = exchanged(counts, sendbuf, self.size,
@@ -507,7 +560,7 @@ class Communicator:
         """
         xp = self._transport.xp
         check_buffers(xp, self.transport, sendbuf, recvbuf)
-        ufunc = resolve_op(op, sendbuf.dtype, xp)
+        ufunc = self._resolve(op, sendbuf.dtype)
         recvbuf, in_place = self._result(sendbuf, recvbuf)
         work, copied = flat_work(recvbuf, xp)
         # In place, the input is kept apart: each step sends this rank's own input again.
@@ -701,7 +754,15 @@ class Communicator:
         self._broken = f"{self._transport.where} failed ({type(error).__name__}: {error})"
 
     def _resolve(self, op: str, dtype: Any) -> Any:
-        """`resolve_op`, remembered: a run of calls of one kind looks it up once."""
-        ufunc = self._ufuncs[(op, dtype)] = resolve_op(op, dtype, self._transport.xp)
+        """`resolve_op`, remembered: a run of calls of one kind looks it up once, and the
+        small-call lane (small.py) finds it there."""
+        ufunc = self._ufuncs.get((op, dtype)) if isinstance(op, str) else None
+        if ufunc is None:
+            ufunc = self._ufuncs[(op, dtype)] = resolve_op(op, dtype, self._transport.xp)
         return ufunc
+
+    def _small(self, buf: Any, async_op: bool) -> bool:
+        """Whether a call on `buf` may take the small-call lane (small.py): blocking, on a
+        NumPy array of at most `one_shot_bytes` (none on one rank), more than zero."""
+        return not async_op and type(buf) is numpy.ndarray and 0 < buf.nbytes <= self._small_bytes
 

@@ -2,10 +2,14 @@
 
 The root sends each rank its own block directly, starting with its right neighbour, so every
 rank receives exactly its block and the root sends (N-1)/N of its buffer, the least possible.
-A small header goes first, so a rank that passes no receive buffer learns the block's shape
-and dtype from the root, and a rank whose buffer does not fit still drains its block (no
-sender is left hanging) before it raises. Uneven blocks (`counts`, MPI's Scatterv) go the same
-way, each with its own header.
+
+Only the root knows the blocks' shape and dtype, and a rank that passes no receive buffer
+needs them. So the call starts with one exchange of a small description (`all_inputs`): the
+root's says what each block is, the others' are blank. It is the exchange the call check
+needs anyway (it carries the call's descriptor), so describing costs no message of its own.
+A rank whose buffer does not fit the description still drains its block (no sender is left
+hanging) before it raises. Uneven blocks (`counts`, MPI's Scatterv) go the same way: the
+description then lists the counts.
 """
 
 from __future__ import annotations
@@ -13,75 +17,89 @@ from __future__ import annotations
 import functools
 import json
 import math
+import struct
 from typing import Any, Callable
 
 import numpy
 
 from transports.base import Transport
 
-HEADER_BYTES = 1024
+LENGTH = struct.Struct("<Q")  # a description starts with the length of its JSON text
 
 
-def _header(shape: tuple[int, ...], dtype: Any) -> numpy.ndarray:
-    """The header that describes a block (read only: `_described` shares it)."""
-    return _described(tuple(shape), numpy.dtype(dtype).str)
-
-
-# Remembered both ways: a run of scatters of one kind describes and reads the same header, and
-# JSON costs a small call several microseconds at each end.
-@functools.lru_cache(maxsize=64)
-def _described(shape: tuple[int, ...], dtype: str) -> numpy.ndarray:
-    text = json.dumps({"shape": list(shape), "dtype": dtype}).encode()
-    if len(text) > HEADER_BYTES:
-        raise ValueError(f"scatter: cannot describe a block of shape {shape} in a header")
-    header = numpy.zeros(HEADER_BYTES, numpy.uint8)
-    header[: len(text)] = numpy.frombuffer(text, numpy.uint8)
-    header.flags.writeable = False
-    return header
-
-
-def _parse(header: Any) -> tuple[tuple[int, ...], numpy.dtype]:
-    raw = header.get() if hasattr(header, "get") else header  # CuPy -> NumPy
-    return _read(bytes(raw).rstrip(b"\0"))
+def description_bytes(size: int) -> int:
+    """The size of a description on `size` ranks: room for a shape, a dtype and a count per
+    rank. Every rank works it out alike, as an exchange needs."""
+    return 1024 + 24 * size
 
 
 @functools.lru_cache(maxsize=64)
-def _read(text: bytes) -> tuple[tuple[int, ...], numpy.dtype]:
+def _describe(shape: tuple[int, ...] | None, counts: tuple[int, ...] | None, dtype: str,
+              nbytes: int) -> numpy.ndarray:
+    """The root's description (read only: it is kept): blocks of `shape`, or flat ones of
+    `counts` elements each, of `dtype`. Remembered, as JSON costs a small call several
+    microseconds."""
+    fields = {"dtype": dtype, "shape": shape} if counts is None else \
+        {"dtype": dtype, "counts": counts}
+    text = json.dumps(fields).encode()
+    if LENGTH.size + len(text) > nbytes:
+        raise ValueError(f"scatter: cannot describe blocks of shape {shape} in {nbytes} bytes")
+    description = numpy.zeros(nbytes, numpy.uint8)
+    LENGTH.pack_into(description, 0, len(text))
+    description[LENGTH.size:LENGTH.size + len(text)] = numpy.frombuffer(text, numpy.uint8)
+    description.flags.writeable = False
+    return description
+
+
+@functools.lru_cache(maxsize=8)
+def _blank(nbytes: int) -> numpy.ndarray:
+    """What a rank other than the root publishes: nothing (read only: it is kept)."""
+    blank = numpy.zeros(nbytes, numpy.uint8)
+    blank.flags.writeable = False
+    return blank
+
+
+@functools.lru_cache(maxsize=64)
+def _read(text: bytes, rank: int) -> tuple[tuple[int, ...], numpy.dtype]:
+    """The shape and dtype of `rank`'s block, from the root's description."""
     fields = json.loads(text)
-    return tuple(fields["shape"]), numpy.dtype(fields["dtype"])
+    shape = tuple(fields["shape"]) if "shape" in fields else (fields["counts"][rank],)
+    return shape, numpy.dtype(fields["dtype"])
 
 
 def scatter_from_root(transport: Transport, blocks: list[Any] | None, root: int,
+                      counts: tuple[int, ...] | None,
                       receive_into: Callable[[tuple[int, ...], Any], Any]) -> Any:
-    """Send `blocks[r]` (root only: one contiguous array per rank, in the shape rank r gets)
-    to each rank r.
+    """Send `blocks[r]` (root only: one contiguous array per rank, in the shape rank r gets;
+    of the `counts` given, if uneven) to each rank r.
 
     Every rank other than the root calls `receive_into(shape, dtype)` for the flat array to
-    receive its block into, and returns that array; the root returns its own block.
+    receive its block into, and returns that array; the root returns its own block. The call's
+    check, if any (`transport.begin`), rides on the first exchange.
     """
     xp, rank, size = transport.xp, transport.rank, transport.size
+    nbytes = description_bytes(size)
     if rank == root:
-        headers: dict[tuple[int, ...], Any] = {}  # one per shape: equal blocks share one
+        mine = blocks[root]
+        description = _describe(None if counts else mine.shape, counts, mine.dtype.str, nbytes)
+    else:
+        description = _blank(nbytes)
+    transport.at("describe")
+    said = transport.all_inputs(xp.asarray(description), counted=False)[root]
+    if rank == root:
         for step in range(1, size):
             peer = (root + step) % size
-            block = blocks[peer]
-            if block.shape not in headers:
-                headers[block.shape] = xp.asarray(_header(block.shape, block.dtype))
-            transport.at("scatter header", step - 1)
-            transport.send(headers[block.shape], peer)
             transport.at("scatter", step - 1)
-            transport.send(block.reshape(-1), peer)
+            transport.send(blocks[peer].reshape(-1), peer)
         return blocks[root]
-    step = (rank - root) % size - 1
-    transport.at("scatter header", step)
-    header = xp.empty(HEADER_BYTES, xp.uint8)
-    transport.recv(header, root)
-    transport.at("scatter", step)
-    shape, dtype = _parse(header)
+    raw = said.get() if hasattr(said, "get") else said  # CuPy -> NumPy
+    length, = LENGTH.unpack_from(raw)
+    shape, dtype = _read(raw[LENGTH.size:LENGTH.size + length].tobytes(), rank)
     try:
         target, problem = receive_into(shape, dtype), None
     except (ValueError, TypeError) as error:
         target, problem = xp.empty(math.prod(shape), dtype), error
+    transport.at("scatter", (rank - root) % size - 1)
     transport.recv(target, root)
     if problem is not None:
         raise problem

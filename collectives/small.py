@@ -1,67 +1,69 @@
-"""The small-call lane: a small blocking all-reduce of NumPy arrays, with nothing else.
+"""The small-call lane: small blocking collectives of NumPy arrays, with nothing else.
 
-A small all-reduce (a loss, a metric, a flag, a small gradient bucket) moves a few bytes, so
-its cost is all overhead. The general path (`Communicator._all_reduce`, through the
-`collective` decorator of calls.py) pays for everything any call might need: its turn on the
-progress thread, torch tensors, any layout, any algorithm, tracing. It costs several times
-what the exchange itself does.
+A small collective (a loss, a metric, a flag, a small gradient bucket) moves a few bytes, so
+its cost is all overhead. The general path (`Communicator._all_reduce`, `_broadcast`, ...,
+through the `collective` decorator of calls.py) pays for everything any call might need: its
+turn on the progress thread, torch tensors, any layout, any algorithm, tracing. It costs
+several times what the exchange itself does.
 
-So `Communicator.all_reduce` first offers a call to this lane, which takes it when it is the
-common case: blocking, of a contiguous NumPy array no larger than the transport's
-`one_shot_bytes`, with an op already resolved for that dtype, nothing queued, not traced. It
-then does what the general path would do for that call, and only that:
+So each collective that moves small equal blocks in one exchange (all_reduce, broadcast,
+reduce, gather, all_gather, reduce_scatter, all_to_all) first offers a call to this lane,
+which takes it when it is the common case: blocking, of a contiguous NumPy array no larger
+than the transport's `one_shot_bytes`, of a kind the general path has taken before (so its
+op is resolved and its dtype known good), nothing queued, not traced. It then does what the
+general path's one-shot form would do for that call, and only that:
 
 1. number the call;
-2. one exchange of every rank's input (`transport.all_inputs`), which carries the call's
-   descriptor along with the data, so the check costs no exchange of its own and a mismatch
-   still raises on every rank;
-3. reduce every rank's input in rank order (((x0 op x1) op x2) ...), so the result is
-   bitwise the general path's one-shot result, on every rank.
+2. make the exchange that the general path makes (`transport.all_inputs`): every rank's
+   input, with the call's descriptor beside it, so the check costs no exchange of its own
+   and a mismatch still raises on every rank. A rank in the lane and a rank on the general
+   path make the same exchange, so each rank may take either;
+3. take this rank's result out of the inputs: a reduction in rank order (((x0 op x1) op x2)
+   ...), bitwise the general path's, or the blocks copied where they belong.
 
-What it keeps per kind of call (op, dtype, shape) is the ufunc and the exchange, prepared
-for that shape, dtype and descriptor (`transport.prepare_all_inputs`, as MPI's persistent
-collectives are): a run of calls of one kind looks them up once, and each call only moves
-its data. At a few bytes every lookup counts (README, "Against the shared-memory goals":
-preparing the exchange took a third off an 8 B call). Anything else (a
-strided input, a recvbuf of another shape or dtype, a first call of its kind, an async
-call) goes the general path, which also raises the errors: the lane never decides what is
-wrong, only what is plain.
+What it keeps per kind of call (collective, op or root, dtype, shape) is the ufunc and the
+exchange, prepared for that shape, dtype, descriptor and byte count
+(`transport.prepare_all_inputs`, as MPI's persistent collectives are): a run of calls of one
+kind looks them up once, and each call only moves its data. At a few bytes every lookup
+counts (README, "Small calls"). Anything else (a strided input, a recvbuf of another shape or
+dtype, a first call of its kind, an async call) goes the general path, which also raises the
+errors: the lane never decides what is wrong, only what is plain.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy
 
-from transports.base import Exchange
+from transports.base import Moved
 from transports.errors import CallsDiffer, MismatchError
 
 from .all_reduce import reduce_in_rank_order
+from .arguments import NUMERIC
 
 KINDS_KEPT = 64  # kinds of call remembered; more means a sweep of sizes, so start again
+GENERAL = object()  # what a lane returns for a call it leaves to the general path
 
 
-def small_all_reduce(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None,
-                     op: str) -> numpy.ndarray | None:
-    """`comm.all_reduce(sendbuf, recvbuf, op)` by the lane, or None when the call needs the
-    general path. The caller has seen that sendbuf is a NumPy array of at most
-    `comm._small_bytes`, more than zero."""
+def small_all_reduce(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, op: str) -> Any:
+    """`comm.all_reduce(sendbuf, recvbuf, op)` by the lane, or GENERAL. The caller has seen
+    that sendbuf is a NumPy array of at most `comm._small_bytes`, more than zero.
+
+    The busiest lane (losses, metrics, gradient buckets) has `_open` and `_exchange` written
+    out: two calls fewer took 0.2 us off an 8 B all-reduce of 4.5 us (README, "Small calls").
+    """
     transport = comm._transport
     if (transport.trace is not None or transport.on_transfer is not None
-            or comm._broken is not None or transport.closed or not sendbuf.flags.c_contiguous):
-        return None
-    kind = comm._small_calls.get((op, sendbuf.dtype, sendbuf.shape)) \
-        if type(op) is str else None
-    if kind is None:
-        kind = _learn(comm, op, sendbuf.dtype, sendbuf.shape)
-        if kind is None:
-            return None
-    if comm._progress.outstanding and not comm._progress.on_thread():
-        return None  # its turn comes after the queued calls (on the progress thread: now)
-    if recvbuf is not None and not _takes_result(recvbuf, sendbuf):
-        return None
+            or comm._broken is not None or transport.closed or not sendbuf.flags.c_contiguous
+            or type(op) is not str):
+        return GENERAL
+    key = ("all_reduce", op, sendbuf.dtype, sendbuf.shape)
+    kind = comm._small_calls.get(key) or _learn(comm, key, "all_reduce", sendbuf, op)
+    if kind is None or comm._progress.outstanding and not comm._progress.on_thread():
+        return GENERAL
+    if recvbuf is not None and not _fits(recvbuf, sendbuf.shape, sendbuf.dtype):
+        return GENERAL
     ufunc, average, exchange = kind
     comm._calls = number = comm._calls + 1
     try:
@@ -76,30 +78,207 @@ def small_all_reduce(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None,
     return reduce_in_rank_order(numpy, inputs, ufunc, average, recvbuf)
 
 
-def _learn(comm: Any, op: Any, dtype: Any,
-           shape: tuple[int, ...]) -> tuple[Any, bool, Exchange] | None:
-    """What the lane keeps of an all-reduce of `shape`: its ufunc, whether it averages, and
-    its exchange, prepared with the descriptor but its number (`transport.prepare_all_inputs`).
-    None until the general path has resolved the op for the dtype (and so raised, for an op
-    the dtype lacks)."""
-    ufunc = comm._ufuncs.get((op, dtype)) if type(op) is str else None
-    if ufunc is None:
+def small_reduce(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, op: str,
+                 root: int) -> Any:
+    """`comm.reduce(sendbuf, recvbuf, op, root)` by the lane, or GENERAL: the root reduces
+    every input in rank order, the others return None."""
+    rank = comm._transport.rank
+    if not _open(comm, sendbuf) or type(op) is not str or not _is_rank(comm, root):
+        return GENERAL
+    key = ("reduce", op, root, sendbuf.dtype, sendbuf.shape)
+    kind = comm._small_calls.get(key) or _learn(
+        comm, key, "reduce", sendbuf, op, root, _one_way(comm, root, sendbuf.nbytes, True))
+    if kind is None or (rank == root and recvbuf is not None
+                        and not _fits(recvbuf, sendbuf.shape, sendbuf.dtype)):
+        return GENERAL
+    ufunc, average, exchange = kind
+    inputs = _exchange(comm, exchange, sendbuf)
+    if rank != root:
+        return None
+    if recvbuf is None and sendbuf.ndim == 0:
+        recvbuf = numpy.empty((), sendbuf.dtype)
+    return reduce_in_rank_order(numpy, inputs, ufunc, average, recvbuf)
+
+
+def small_broadcast(comm: Any, buf: numpy.ndarray, root: int) -> Any:
+    """`comm.broadcast(buf, root)` by the lane, or GENERAL: every rank publishes its `buf`
+    (the general path's exchange), and all but the root copy the root's."""
+    if not _open(comm, buf) or not buf.flags.writeable or not _is_rank(comm, root):
+        return GENERAL
+    key = ("broadcast", root, buf.dtype, buf.shape)
+    kind = comm._small_calls.get(key) or _learn(
+        comm, key, "broadcast", buf, root=root, moved=_one_way(comm, root, buf.nbytes, False))
+    if kind is None:
+        return GENERAL
+    inputs = _exchange(comm, kind[2], buf)
+    if comm._transport.rank != root:
+        buf[...] = inputs[root]
+    return buf
+
+
+def small_gather(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, root: int) -> Any:
+    """`comm.gather(sendbuf, recvbuf, root)` by the lane, or GENERAL: the root copies every
+    rank's input into its block, the others return None."""
+    transport = comm._transport
+    if not _open(comm, sendbuf) or not _is_rank(comm, root):
+        return GENERAL
+    key = ("gather", root, sendbuf.dtype, sendbuf.shape)
+    kind = comm._small_calls.get(key) or _learn(
+        comm, key, "gather", sendbuf, root=root, moved=_one_way(comm, root, sendbuf.nbytes, True))
+    shape = (transport.size, *sendbuf.shape)
+    if kind is None or (transport.rank == root and recvbuf is not None
+                        and not _fits(recvbuf, shape, sendbuf.dtype)):
+        return GENERAL
+    inputs = _exchange(comm, kind[2], sendbuf)
+    if transport.rank != root:
+        return None
+    return _stacked(inputs, recvbuf, shape, sendbuf.dtype)
+
+
+def small_all_gather(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None) -> Any:
+    """`comm.all_gather(sendbuf, recvbuf)` by the lane, or GENERAL: every rank copies every
+    rank's input into its block."""
+    if not _open(comm, sendbuf):
+        return GENERAL
+    key = ("all_gather", sendbuf.dtype, sendbuf.shape)
+    kind = comm._small_calls.get(key) or _learn(comm, key, "all_gather", sendbuf)
+    shape = (comm._transport.size, *sendbuf.shape)
+    if kind is None or recvbuf is not None and not _fits(recvbuf, shape, sendbuf.dtype):
+        return GENERAL
+    return _stacked(_exchange(comm, kind[2], sendbuf), recvbuf, shape, sendbuf.dtype)
+
+
+def small_reduce_scatter(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None,
+                         op: str) -> Any:
+    """`comm.reduce_scatter(sendbuf, recvbuf, op)` by the lane, or GENERAL: each rank reduces
+    its own block of every input, in rank order."""
+    transport = comm._transport
+    if not _open(comm, sendbuf) or type(op) is not str or not _in_blocks(comm, sendbuf):
+        return GENERAL
+    key = ("reduce_scatter", op, sendbuf.dtype, sendbuf.shape)
+    kind = comm._small_calls.get(key) or _learn(
+        comm, key, "reduce_scatter", sendbuf, op,
+        moved=_both_ways(comm, sendbuf.nbytes // transport.size))
+    block = sendbuf.shape[1:]
+    if kind is None or recvbuf is not None and not _fits(recvbuf, block, sendbuf.dtype):
+        return GENERAL
+    ufunc, average, exchange = kind
+    inputs = _exchange(comm, exchange, sendbuf)
+    rank = transport.rank
+    out = numpy.empty(block, sendbuf.dtype) if recvbuf is None else recvbuf
+    return reduce_in_rank_order(numpy, [theirs[rank] for theirs in inputs], ufunc, average,
+                                out)
+
+
+def small_all_to_all(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None) -> Any:
+    """`comm.all_to_all(sendbuf, recvbuf)` by the lane, or GENERAL: block i of the result is
+    this rank's block of rank i's input."""
+    transport = comm._transport
+    if not _open(comm, sendbuf) or not _in_blocks(comm, sendbuf):
+        return GENERAL
+    key = ("all_to_all", sendbuf.dtype, sendbuf.shape)
+    kind = comm._small_calls.get(key) or _learn(
+        comm, key, "all_to_all", sendbuf, moved=_both_ways(comm, sendbuf.nbytes // transport.size))
+    if kind is None or recvbuf is not None and not _fits(recvbuf, sendbuf.shape, sendbuf.dtype):
+        return GENERAL
+    inputs = _exchange(comm, kind[2], sendbuf)
+    rank = transport.rank
+    result = numpy.empty(sendbuf.shape, sendbuf.dtype) if recvbuf is None else recvbuf
+    for source, theirs in enumerate(inputs):
+        result[source] = theirs[rank]
+    return result
+
+
+# ---- what every lane shares ---------------------------------------------------------------
+
+def _open(comm: Any, sendbuf: numpy.ndarray) -> bool:
+    """Whether the lane may take a call on `sendbuf` now: contiguous, on a communicator in
+    good order, not traced or watched, and nothing queued ahead of it (on the progress
+    thread, its turn is now)."""
+    transport = comm._transport
+    return (transport.trace is None and transport.on_transfer is None and comm._broken is None
+            and not transport.closed and sendbuf.flags.c_contiguous
+            and (not comm._progress.outstanding or comm._progress.on_thread()))
+
+
+def _learn(comm: Any, key: tuple, collective: str, sendbuf: numpy.ndarray,
+           op: str | None = None, root: int = -1,
+           moved: list[Moved] | None = None) -> tuple[Any, bool, Any] | None:
+    """What the lane keeps of a kind of call (`key`): its ufunc (None without an op), whether
+    it averages, and its exchange, prepared with the descriptor but its number and what each
+    call counts in `stats` (`transport.prepare_all_inputs`). None until the general path has
+    resolved the op for the dtype, and for a dtype the general path refuses: it raises."""
+    dtype = sendbuf.dtype
+    if op is not None:
+        ufunc = comm._ufuncs.get((op, dtype))
+        if ufunc is None:
+            return None
+    elif dtype.kind in NUMERIC:
+        ufunc = None
+    else:
         return None
     if len(comm._small_calls) >= KINDS_KEPT:
         comm._small_calls.clear()
-    call = comm._descriptor("all_reduce", math.prod(shape), dtype, op) \
+    call = comm._descriptor(collective, sendbuf.size, dtype, op, root) \
         if comm._checking else None
-    kind = comm._small_calls[(op, dtype, shape)] = (
-        ufunc, op == "avg", comm._transport.prepare_all_inputs(shape, dtype, "all_reduce", call))
+    kind = comm._small_calls[key] = (ufunc, op == "avg", comm._transport.prepare_all_inputs(
+        sendbuf.shape, dtype, collective, call, moved))
     return kind
 
 
-def _takes_result(recvbuf: Any, sendbuf: numpy.ndarray) -> bool:
-    """Whether `recvbuf` takes the result as it is: a writeable NumPy array of sendbuf's shape
-    and dtype. It may be sendbuf, or overlap it, or be strided: the inputs are read out of the
+def _exchange(comm: Any, exchange: Any, sendbuf: numpy.ndarray) -> list[numpy.ndarray]:
+    """Number the call and make its exchange: every rank's input, in rank order."""
+    comm._calls = number = comm._calls + 1
+    try:
+        return exchange(sendbuf, number)
+    except CallsDiffer as differ:  # every rank raises it, and every message has landed
+        raise MismatchError(comm._disagreement(differ.calls)) from None
+    except BaseException as error:  # messages may be in flight: no more calls
+        comm._break(error)
+        raise
+
+
+def _fits(recvbuf: Any, shape: tuple[int, ...], dtype: numpy.dtype) -> bool:
+    """Whether `recvbuf` takes the result as it is: a writeable NumPy array of `shape` and
+    `dtype`. It may be the input, or overlap it, or be strided: the inputs are read out of the
     exchange's own memory, so writing the result cannot change them."""
-    if recvbuf is sendbuf:
-        return sendbuf.flags.writeable
     return (type(recvbuf) is numpy.ndarray  # (a dtype equal but not the same object, and
-            and recvbuf.dtype is sendbuf.dtype  # anything else, goes the general path)
-            and recvbuf.shape == sendbuf.shape and recvbuf.flags.writeable)
+            and recvbuf.dtype is dtype  # anything else, goes the general path)
+            and recvbuf.shape == shape and recvbuf.flags.writeable)
+
+
+def _stacked(inputs: list[numpy.ndarray], recvbuf: Any | None, shape: tuple[int, ...],
+             dtype: numpy.dtype) -> numpy.ndarray:
+    """Every rank's input, block r from rank r, in `recvbuf` or a new array of `shape`."""
+    result = numpy.empty(shape, dtype) if recvbuf is None else recvbuf
+    for source, theirs in enumerate(inputs):
+        result[source] = theirs
+    return result
+
+
+def _is_rank(comm: Any, root: Any) -> bool:
+    return type(root) is int and 0 <= root < comm._transport.size
+
+
+def _in_blocks(comm: Any, sendbuf: numpy.ndarray) -> bool:
+    """Whether `sendbuf` holds one block per rank (else the general path says what is wrong)."""
+    return sendbuf.ndim > 0 and sendbuf.shape[0] == comm._transport.size
+
+
+def _one_way(comm: Any, root: int, nbytes: int, to_root: bool) -> list[Moved]:
+    """What a rank counts of a collective whose every other rank sends `nbytes` to the root
+    (`to_root`), or receives them from it: as gather.py and broadcast.py count."""
+    rank, size = comm._transport.rank, comm._transport.size
+    if rank == root:
+        peers = [peer for peer in range(size) if peer != root]
+        return [(0, -1, nbytes, peer) for peer in peers] if to_root else \
+            [(nbytes, peer, 0, -1) for peer in peers]
+    return [(nbytes, root, 0, -1)] if to_root else [(0, -1, nbytes, root)]
+
+
+def _both_ways(comm: Any, nbytes: int) -> list[Moved]:
+    """What a rank counts of a collective that sends a block of `nbytes` to every peer and
+    receives one from each, as reduce_scatter.py and all_to_all.py count."""
+    rank, size = comm._transport.rank, comm._transport.size
+    return [(nbytes, (rank + step) % size, nbytes, (rank - step) % size)
+            for step in range(1, size)]

@@ -374,6 +374,80 @@ def small_call_case(comm: Any, dtype: str, op: str) -> dict:
             "strided": strided, "general_path": taken}
 
 
+LANES = ("broadcast", "gather", "all_gather", "reduce", "reduce_scatter", "all_to_all")
+
+
+def small_lanes_case(comm: Any, dtype: str, op: str) -> dict:
+    """Each collective that has a small-call lane (collectives/small.py) besides all_reduce,
+    once its kind is known: by the lane, by the general path (`comm._<name>`) for the same
+    call, into a recvbuf, into a strided one, in place where MPI allows it, and with rank 0
+    alone on the general path (a strided input); with what the lane and the general path
+    count in `stats`, and which calls took the general path."""
+    rank, size, root = comm.rank, comm.size, comm.size - 1
+    mine = values(rank, 6, dtype).reshape(2, 3)
+    blocks = values(rank, 6 * size, dtype).reshape(size, 2, 3)
+    calls = {  # name -> (input, call(method, input, recvbuf)), the method public or general
+        "broadcast": (mine, lambda m, x, into: m(x.copy() if into is None else into,
+                                                   root=root)),
+        "gather": (mine, lambda m, x, into: m(x, recvbuf=into, root=root)),
+        "all_gather": (mine, lambda m, x, into: m(x, recvbuf=into)),
+        "reduce": (mine, lambda m, x, into: m(x, recvbuf=into, op=op, root=root)),
+        "reduce_scatter": (blocks, lambda m, x, into: m(x, recvbuf=into, op=op)),
+        "all_to_all": (blocks, lambda m, x, into: m(x, recvbuf=into)),
+    }
+    out: dict[str, Any] = {}
+    for name, (x, call) in calls.items():
+        public, general = getattr(comm, name), getattr(comm, f"_{name}")
+        call(public, x, None)  # the first call of a kind: the general path, which learns it
+        taken: list[str] = []
+
+        def spy(*args: Any, _general: Any = general, **kwargs: Any) -> Any:
+            taken.append("general")
+            return _general(*args, **kwargs)
+
+        setattr(comm, f"_{name}", spy)
+        try:
+            counted = []
+            for method in (public, general):
+                comm.stats.reset()
+                counted.append((call(method, x, None), comm.stats.bytes_sent,
+                                comm.stats.bytes_received, comm.stats.messages))
+            got = {"lane": counted[0], "general": counted[1]}
+            if name != "broadcast":  # (off the root, gather and reduce ignore recvbuf)
+                shape = (size, 2, 3) if name in ("gather", "all_gather", "all_to_all") \
+                    else (2, 3)
+                into, strided = numpy.empty(shape, dtype), _strided(numpy.empty(shape, dtype))
+                returned = call(public, x, into)
+                call(public, x, strided)
+                if counted[0][0] is not None:
+                    got.update(returned_into=returned is into, into=into, into_strided=strided)
+            if name in ("broadcast", "reduce", "all_to_all"):  # recvbuf is sendbuf
+                source = x.copy()
+                call(public, source, source)
+                if name != "reduce" or rank == root:
+                    got["in_place"] = source
+            if name == "gather":  # MPI_IN_PLACE: each rank's input is its block of recvbuf
+                into = numpy.empty((size, 2, 3), dtype)
+                into[rank] = x
+                call(public, into[rank], into)
+                if rank == root:
+                    got["in_place"] = into
+            mixed = _strided(x) if rank == 0 else x.copy()
+            got["mixed"] = call(public, mixed, mixed if name == "broadcast" else None)
+            got["taken"] = taken
+        finally:
+            delattr(comm, f"_{name}")
+        out[name] = got
+    return out
+
+
+def _strided(x: numpy.ndarray) -> numpy.ndarray:
+    """A strided array (every other element of a wider one) holding `x`'s values."""
+    wide = numpy.empty((*x.shape[:-1], 2 * x.shape[-1]), x.dtype)
+    wide[..., ::2] = x
+    return wide[..., ::2]
+
+
 def small_calls_of_many_sizes_case(comm: Any, sizes: int) -> list:
     """Small all-reduces of `sizes` sizes, round and round: more kinds than a transport keeps
     ready (mpi.py's KEPT_SIZES packets), so prepared exchanges find theirs dropped and make it
@@ -386,8 +460,9 @@ def small_calls_of_many_sizes_case(comm: Any, sizes: int) -> list:
 
 
 def small_call_mismatch_case(comm: Any) -> dict:
-    """Both kinds known on every rank, rank 0 sums where the others take the max: the lane's
-    check raises on every rank, and the communicator goes on."""
+    """Both kinds known on every rank, rank 0 sums where the others take the max (then
+    broadcasts from root 0 where the others take root 1): the lane's check raises on every
+    rank, and the communicator goes on."""
     mine = values(comm.rank, 4, "float64")
     for op in ("sum", "max"):
         comm.all_reduce(mine, op=op)
@@ -397,7 +472,14 @@ def small_call_mismatch_case(comm: Any) -> dict:
         said = None
     except Exception as error:  # noqa: BLE001 - what every rank raised is the result
         said = f"{type(error).__name__}: {error}"
-    return {"said": said, "after": comm.all_reduce(mine)}
+    for root in (0, 1):  # and a lane of another collective: a broadcast from another root
+        comm.broadcast(mine.copy(), root=root)
+    try:
+        comm.broadcast(mine.copy(), root=0 if comm.rank == 0 else 1)
+        said_broadcast = None
+    except Exception as error:  # noqa: BLE001
+        said_broadcast = f"{type(error).__name__}: {error}"
+    return {"said": said, "said_broadcast": said_broadcast, "after": comm.all_reduce(mine)}
 
 
 # ---- references, checked in the test process ----------------------------------------------

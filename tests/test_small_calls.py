@@ -1,10 +1,12 @@
-"""The small-call lane (collectives/small.py): a small blocking all-reduce of NumPy arrays
-skips the general path's machinery. It must be the same call in every way a user
-can see: the same result, bitwise, as the general path's one-shot all-reduce; the same bytes in
-`stats`; the same check, naming a mismatch on every rank; and every form it does not take (a
-strided input, a first call of its kind, a traced or queued call, a bad recvbuf) still works or
-fails as before, through the general path. (The lane takes the all-reduces that "auto" sends
-one-shot: the "one_shot" variant makes them so on every transport, threads too.)
+"""The small-call lane (collectives/small.py): a small blocking collective of NumPy arrays
+(all_reduce, broadcast, reduce, gather, all_gather, reduce_scatter, all_to_all) skips the
+general path's machinery. It must be the same call in every way a user can see: the same
+result, bitwise, as the general path's one-shot form; the same bytes in `stats`; the same
+check, naming a mismatch on every rank; the same exchange, so a rank on the general path meets
+ranks in the lane; and every form it does not take (a strided input, a first call of its kind,
+a traced or queued call, a bad recvbuf) still works or fails as before, through the general
+path. (The lane takes the calls that go one-shot: the "one_shot" variant makes them so on
+every transport, threads too.)
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import numpy
 import pytest
 
 import collectives
-from cases import assert_matches, reduce_reference, values
+from cases import LANES, assert_matches, reduce_reference, values
 from launch import mpiexec
 from transports.mpi import KEPT_SIZES
 
@@ -48,6 +50,48 @@ def test_the_lane_gives_the_general_paths_result_bitwise_and_counts_the_same(run
         assert outcome["general_path"] == ["one_shot", "auto"]
 
 
+def lane_references(dtype: str, op: str) -> dict[str, list]:
+    """What each lane's collective gives each rank (None: nothing), from NumPy."""
+    mine = [values(r, 6, dtype).reshape(2, 3) for r in range(SIZE)]
+    blocks = [values(r, 6 * SIZE, dtype).reshape(SIZE, 2, 3) for r in range(SIZE)]
+    root = SIZE - 1
+    total = reduce_reference(op, mine).astype(dtype)
+    return {
+        "broadcast": [mine[root]] * SIZE,
+        "gather": [None] * root + [numpy.stack(mine)],
+        "all_gather": [numpy.stack(mine)] * SIZE,
+        "reduce": [None] * root + [total],
+        "reduce_scatter": [reduce_reference(op, [b[r] for b in blocks]).astype(dtype)
+                           for r in range(SIZE)],
+        "all_to_all": [numpy.stack([b[r] for b in blocks]) for r in range(SIZE)],
+    }
+
+
+@pytest.mark.parametrize("dtype, op", KINDS[:4])
+def test_every_lane_gives_the_general_paths_result_bitwise_and_counts_the_same(run, dtype, op):
+    """broadcast, gather, all_gather, reduce, reduce_scatter and all_to_all take the lane
+    once their kind is known: each result is NumPy's, bitwise the general path's for the same
+    call, in every form, and counted alike. Only rank 0's strided input took the general path,
+    and the other ranks' lanes met it in the same exchange."""
+    want = lane_references(dtype, op)
+    for rank, outcome in enumerate(run("small_lanes_case", SIZE, "one_shot", dtype=dtype,
+                                       op=op)):
+        for name in LANES:
+            got = outcome[name]
+            lane, general = got["lane"], got["general"]
+            assert got["taken"] == (["general"] if rank == 0 else []), name
+            assert lane[1:] == general[1:], name  # bytes sent, received, messages
+            if want[name][rank] is None:
+                assert lane[0] is None and general[0] is None and got["mixed"] is None, name
+                continue
+            assert_matches(lane[0], want[name][rank], dtype)
+            assert lane[0].tobytes() == general[0].tobytes(), name
+            for form in ("into", "into_strided", "in_place", "mixed"):
+                if form in got:
+                    assert numpy.array_equal(got[form], lane[0]), (name, form)
+            assert got.get("returned_into", True), name
+
+
 def test_prepared_exchanges_outlive_a_sweep_of_more_sizes_than_the_transport_keeps(run):
     """The lane keeps each kind's exchange prepared (`prepare_all_inputs`); the transport keeps
     fewer packets than that. Cycling through more sizes than it keeps, every result is right."""
@@ -67,6 +111,10 @@ def test_a_mismatch_in_the_lane_is_named_on_every_rank_and_the_communicator_goes
         assert said is not None and said.startswith(f"MismatchError: rank {rank}: ranks "
                                                     f"disagree"), said
         assert "sum" in said and "max" in said, said
+        said = outcome["said_broadcast"]
+        assert said is not None and said.startswith(f"MismatchError: rank {rank}: ranks "
+                                                    f"disagree"), said
+        assert "root 0" in said and "root 1" in said, said
         assert_matches(outcome["after"], want, "float64")
 
 

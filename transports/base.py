@@ -32,6 +32,8 @@ from .errors import CallsDiffer, CollectiveTimeoutError, MismatchError
 ReduceOp = Callable[..., Any]
 # A prepared all_inputs (`Transport.prepare_all_inputs`): exchange(buf, number) -> inputs.
 Exchange = Callable[[Any, int], list]
+# What one transfer of a collective counts in `stats`: (bytes sent, to, bytes received, from).
+Moved = tuple[int, int, int, int]
 
 DEFAULT_SEGMENT_BYTES = 1 << 20
 CALL_WORDS = 6  # a call's descriptor: six non-negative integers (collectives/check.py)
@@ -237,7 +239,8 @@ class Transport(ABC):
         return inputs
 
     def prepare_all_inputs(self, shape: tuple[int, ...], dtype: Any, collective: str,
-                           call: tuple[int, ...] | None) -> Exchange:
+                           call: tuple[int, ...] | None,
+                           moved: list[Moved] | None = None) -> Exchange:
         """`all_inputs` made ready for a run of calls of one `collective` on inputs of one
         `shape` and `dtype`, as MPI's persistent collectives (`MPI_Allreduce_init`) are: what
         does not depend on the data is worked out once, so a call only moves it. Small calls
@@ -245,17 +248,25 @@ class Transport(ABC):
 
         `call` is the calls' descriptor but its number (None: unchecked). `exchange(buf,
         number)` then does `begin(f"{collective} #{number}", (number, *call), "one-shot")` and
-        returns `all_inputs(buf)`, for a contiguous `buf` of that shape and dtype. Here it is
-        just that; a transport with a leaner way overrides this.
+        returns `all_inputs(buf)`, for a contiguous `buf` of that shape and dtype. `moved`
+        says what each call counts in `stats`, as the collective's own path would (a root
+        that only sends, say); None: what `all_inputs` counts, every input to and from every
+        peer. Here it is just that; a transport with a leaner way overrides this.
         """
+        tally = self._tally(moved)
+
         def exchange(buf: Any, number: int) -> list[Any]:
             self.begin(f"{collective} #{number}", None if call is None else (number, *call),
                        "one-shot")
-            return self.all_inputs(buf)
+            if moved is None:
+                return self.all_inputs(buf)
+            inputs = self.all_inputs(buf, counted=False)
+            tally()
+            return inputs
         return exchange
 
     def _prepare_one_shot(self, shape: tuple[int, ...], dtype: Any, collective: str,
-                          call: tuple[int, ...] | None,
+                          call: tuple[int, ...] | None, moved: list[Moved] | None,
                           move: Callable[[Any, bytearray], list[Any]]) -> Exchange:
         """A prepared exchange (`prepare_all_inputs`) around a transport's one-shot exchange,
         `move(buf, line)`, which sends `buf` with its `CALL_LINE` and returns every rank's
@@ -263,10 +274,10 @@ class Transport(ABC):
         named (formatted only for a message) and counted as `begin` and `all_inputs` would. A
         traced or watched call goes the general way, which records it."""
         nbytes = math.prod(shape) * numpy.dtype(dtype).itemsize
-        general = Transport.prepare_all_inputs(self, shape, dtype, collective, call)
+        general = Transport.prepare_all_inputs(self, shape, dtype, collective, call, moved)
         line = bytearray(CALL_LINE.pack(*((0, *call) if call else NO_CALL), nbytes))
         number_word = memoryview(line).cast("Q")
-        moved, peers = (self.size - 1) * nbytes, self.size - 1
+        tally = self._tally(moved if moved is not None else self._every_peer(nbytes))
 
         def exchange(buf: Any, number: int) -> list[Any]:
             if self.trace is not None or self.on_transfer is not None:
@@ -275,12 +286,34 @@ class Transport(ABC):
             self.phase, self.step, self._call = "one-shot", 0, None
             if call is not None:
                 number_word[0] = number
-            stats = self.stats
-            stats.bytes_sent += moved
-            stats.bytes_received += moved
-            stats.messages += peers
+            tally()
             return move(buf, line)
         return exchange
+
+    def _every_peer(self, nbytes: int) -> list[Moved]:
+        """What `all_inputs` moves of an input of `nbytes`: to and from every peer."""
+        return [(nbytes, (self.rank + step) % self.size, nbytes, (self.rank - step) % self.size)
+                for step in range(1, self.size)]
+
+    def _tally(self, moved: list[Moved] | None) -> Callable[[], None]:
+        """What counts `moved` in `stats`, as `count` would each transfer, with the sums made
+        once (a small call feels each addition); nothing if None."""
+        if not moved:
+            return lambda: None
+        stats, off = self.stats, self.off_node
+        sent, received = sum(m[0] for m in moved), sum(m[2] for m in moved)
+        messages = sum(1 for m in moved if m[0])
+        across_sent = sum(m[0] for m in moved if m[1] in off)
+        across_received = sum(m[2] for m in moved if m[3] in off)
+
+        def tally() -> None:
+            stats.bytes_sent += sent
+            stats.bytes_received += received
+            stats.messages += messages
+            if across_sent or across_received:
+                stats.inter_node_bytes_sent += across_sent
+                stats.inter_node_bytes_received += across_received
+        return tally
 
     def count(self, sendbuf: Any | None, dst: int | None, recvbuf: Any | None,
               src: int | None) -> None:

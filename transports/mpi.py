@@ -23,7 +23,7 @@ from typing import Any
 import numpy
 from mpi4py import MPI
 
-from .base import CALL_LINE, NO_CALL, Exchange, ReduceOp, Transport, segments
+from .base import CALL_LINE, NO_CALL, Exchange, Moved, ReduceOp, Transport, segments
 from .bootstrap import duplicated, nodes, start
 from .cuda import copy_bytes, pinned_empty, use_gpu
 from .errors import InvalidArgumentError
@@ -229,13 +229,14 @@ class MPITransport(Transport):
         return inputs if self.xp is numpy else [self.xp.asarray(i) for i in inputs]
 
     def prepare_all_inputs(self, shape: tuple[int, ...], dtype: Any, collective: str,
-                           call: tuple[int, ...] | None) -> Exchange:
+                           call: tuple[int, ...] | None,
+                           moved: list[Moved] | None = None) -> Exchange:
         """The one-shot exchange (`_one_shot`) with the call's naming, counting and header
         worked out beforehand (`_prepare_one_shot`), and its packet and views kept."""
         nbytes = math.prod(shape) * numpy.dtype(dtype).itemsize
         if (self.xp is not numpy or not 0 < nbytes <= self.one_shot_bytes or self.size == 1
                 or self.off_node):  # (across nodes, the general way counts those bytes apart)
-            return super().prepare_all_inputs(shape, dtype, collective, call)
+            return super().prepare_all_inputs(shape, dtype, collective, call, moved)
         held: list[Any] = [None, None]  # the packet's _Shot and every rank's input in it
 
         def move(buf: Any, line: bytearray) -> list[Any]:
@@ -246,7 +247,7 @@ class MPITransport(Transport):
                 held[:] = shot, inputs
             self._one_shot(shot, inputs, buf, line)
             return inputs
-        return self._prepare_one_shot(shape, dtype, collective, call, move)
+        return self._prepare_one_shot(shape, dtype, collective, call, moved, move)
 
     def _one_shot(self, shot: _Shot, inputs: list[Any] | None, host: numpy.ndarray,
                   line: bytes) -> None:

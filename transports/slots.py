@@ -89,7 +89,7 @@ from typing import Any, Callable, Protocol
 import numpy
 from mpi4py import MPI
 
-from .base import CALL_LINE, NO_CALL, Exchange, ReduceOp, Transport
+from .base import CALL_LINE, NO_CALL, Exchange, Moved, ReduceOp, Transport
 from .bootstrap import duplicated, on_one_node, start
 from .errors import CollectiveError, InvalidArgumentError, MismatchError, PeerFailedError
 from .shared_memory import SHM_DIR, free_bytes, share_regions
@@ -518,13 +518,14 @@ class SlotTransport(Transport):
             buf, CALL_LINE.pack(*(call or NO_CALL), buf.nbytes))
 
     def prepare_all_inputs(self, shape: tuple[int, ...], dtype: Any, collective: str,
-                           call: tuple[int, ...] | None) -> Exchange:
+                           call: tuple[int, ...] | None,
+                           moved: list[Moved] | None = None) -> Exchange:
         """The one-shot exchange (`_one_shot_exchange`) with the call's naming, counting and
         call line worked out beforehand (`_prepare_one_shot`)."""
         nbytes = math.prod(shape) * numpy.dtype(dtype).itemsize
         if not 0 < nbytes <= self._area_bytes or self.size == 1:
-            return super().prepare_all_inputs(shape, dtype, collective, call)
-        return self._prepare_one_shot(shape, dtype, collective, call,
+            return super().prepare_all_inputs(shape, dtype, collective, call, moved)
+        return self._prepare_one_shot(shape, dtype, collective, call, moved,
                                       self._one_shot_exchange(shape, dtype))
 
     def _one_shot_exchange(self, shape: tuple[int, ...],

@@ -13,7 +13,7 @@ import collectives
 
 from ..communicator import Communicator
 from .lessons import DTYPE, LESSONS, Lesson, Setup
-from .schedule import Divide, Move, drop_scatter_headers, replay, schedule
+from .schedule import Divide, Move, replay, schedule
 
 
 def run_rank(comm: Communicator, setup: Setup, names: tuple[str, ...]) -> dict:
@@ -76,7 +76,6 @@ class Run:
     divides: list[list[Divide]]  # what ranks divide after each step (op "avg")
     sent: list[int]  # bytes each rank sent, from the trace
     across: list[int]  # of which between nodes (the hierarchical transport's across part)
-    header_bytes: list[int]  # of which scatter's shape headers
     replay_matches: bool
     reference_matches: bool
 
@@ -128,9 +127,6 @@ def digest(setup: Setup, name: str, per_rank: list[dict]) -> Run:
     records = [p[name]["records"] for p in per_rank]
     sent = [sum(r["bytes"] for r in mine) for mine in records]
     across = [sum(r["bytes"] for r in mine if r.get("part") == "across") for mine in records]
-    if name == "scatter":
-        records = [drop_scatter_headers(mine) for mine in records]
-    header_bytes = [s - sum(r["bytes"] for r in mine) for s, mine in zip(sent, records)]
     frames = schedule(records)
     states, divides = replay(lesson, setup, frames, records)
     replay_ok, reference_ok = True, True
@@ -140,5 +136,5 @@ def digest(setup: Setup, name: str, per_rank: list[dict]) -> Run:
         kept = ~numpy.isnan(target)
         replay_ok &= numpy.array_equal(states[-1][rank][kept], result)
         reference_ok &= numpy.array_equal(target[kept], result)
-    return Run(setup, lesson, frames, states, divides, sent, across, header_bytes,
+    return Run(setup, lesson, frames, states, divides, sent, across,
                bool(replay_ok), bool(reference_ok))

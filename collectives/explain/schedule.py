@@ -35,12 +35,6 @@ class Divide:
     by: int
 
 
-def drop_scatter_headers(records: list[dict]) -> list[dict]:
-    """Scatter sends each rank a small header (the block's shape) before its block; the
-    header is not part of the schedule."""
-    return [record for record in records if record["phase"] != "scatter header"]
-
-
 def schedule(records: list[list[dict]]) -> list[list[Move]]:
     """Group the recorded transfers of every rank into steps that happen together.
 

@@ -90,12 +90,9 @@ def narrate(run: Run, transport: str) -> list[str]:
     bounds, text = lesson.sends(s)
     lines += ["", f"bytes each rank sent (S = {s.nbytes} bytes; expected: {text})"]
     for rank in range(s.size):
-        note = ""
-        if run.header_bytes[rank]:
-            note = f" + {run.header_bytes[rank]} B of shape header"
-        moved = run.sent[rank] - run.header_bytes[rank]
+        moved = run.sent[rank]
         at = "as expected" if moved == bounds[rank] else f"expected {bounds[rank]:g} B"
-        lines.append(f"  rank {rank}: {_size(moved, s.nbytes)}{note}  ({at})")
+        lines.append(f"  rank {rank}: {_size(moved, s.nbytes)}  ({at})")
     if s.node_size:
         k, nodes = s.node_size, s.size // s.node_size
         # 2(M-1) chunks of a shard cut in M, the shard a k-th of S: in whole elements.
@@ -108,8 +105,7 @@ def narrate(run: Run, transport: str) -> list[str]:
         lines += [f"  rank {rank}: {_size(b, s.nbytes)}  "
                   f"({'within the bound' if b <= bound else 'OVER THE BOUND'})"
                   for rank, b in enumerate(run.across)]
-    if lesson.piece == "chunk" and any(m != b for m, b in
-                                       zip(numpy.subtract(run.sent, run.header_bytes), bounds)):
+    if lesson.piece == "chunk" and any(m != b for m, b in zip(run.sent, bounds)):
         lines.append(f"  chunks differ in size, so ranks differ; together they send "
                      f"2(N-1) S = {2 * (s.size - 1) * s.nbytes} B, the bound times N")
     return lines
