@@ -33,14 +33,15 @@ from .check import MessagesDiffer, agree, descriptor, disagreement, pair_agree
 from .gather import gather_to_root, one_shot_gather
 from .hierarchical import hierarchical_all_reduce
 from .naive import naive_ring_all_reduce, reduce_broadcast_all_reduce
-from .ops import identity, resolve_op
+from .ops import resolve_op
 from .point_to_point import Messages
 from .reduce import one_shot_reduce, reduce_to_root
 from .reduce_scatter import one_shot_reduce_scatter, ring_reduce_scatter
-from .scan import recursive_doubling_scan
+from .scan import finish, one_shot_scan, recursive_doubling_scan
 from .scatter import scatter_from_root
 from .small import (GENERAL, small_all_gather, small_all_reduce, small_all_to_all,
-                    small_broadcast, small_gather, small_reduce, small_reduce_scatter)
+                    small_broadcast, small_gather, small_reduce, small_reduce_scatter,
+                    small_scan)
 from .timeline import Trace, record_span, write_timeline
 from .work import Progress, Work
 
@@ -549,30 +550,44 @@ class Communicator:
             recvbuf[...] = work.reshape(recvbuf.shape)
         return recvbuf
 
-    @collective
     def scan(self, sendbuf: Any, recvbuf: Any | None = None, op: str = "sum",
-             exclusive: bool = False) -> Any:
+             exclusive: bool = False, *, async_op: bool = False) -> Any:
         """Rank r gets `op` over the `sendbuf`s of ranks 0..r (MPI_Scan), or with `exclusive`
         of ranks 0..r-1 (MPI_Exscan), where rank 0 gets the op's identity: 0 for sum and avg,
         1 for prod, the dtype's largest value for min and its smallest for max (MPI leaves it
         undefined). "avg" divides by the number of ranks reduced. Returns `recvbuf`
         (allocated when None); `recvbuf is sendbuf` works in place.
         """
+        if self._small(sendbuf, async_op):
+            result = small_scan(self, sendbuf, recvbuf, op, exclusive)
+            if result is not GENERAL:
+                return result
+        return self._scan(sendbuf, recvbuf, op, exclusive, async_op=async_op)
+
+    @collective
+    def _scan(self, sendbuf: Any, recvbuf: Any | None = None, op: str = "sum",
+              exclusive: bool = False) -> Any:
+        """`scan` by the general path."""
         xp = self._transport.xp
         check_buffers(xp, self.transport, sendbuf, recvbuf)
         ufunc = self._resolve(op, sendbuf.dtype)
         recvbuf, in_place = self._result(sendbuf, recvbuf)
         work, copied = flat_work(recvbuf, xp)
-        # In place, the input is kept apart: each step sends this rank's own input again.
-        mine = work.copy() if in_place else flat_work(sendbuf, xp)[0]
-        self._begin("scan/exclusive" if exclusive else "scan", sendbuf.size, sendbuf.dtype, op)
-        recursive_doubling_scan(self._transport, mine, work, xp.empty_like(work), ufunc,
-                                exclusive)
-        reduced = self.rank if exclusive else self.rank + 1  # ranks in this rank's result
-        if reduced == 0:
-            work[...] = identity(op, sendbuf.dtype, xp)
-        elif op == "avg":
-            xp.true_divide(work, reduced, out=work)
+        name = "scan/exclusive" if exclusive else "scan"
+        transport = self._transport
+        if self._one_shot(sendbuf) and transport.trace is None:
+            # Small: one exchange, which carries the call check along (and publishes the
+            # input before the result is written, so in place needs no copy). Traced calls
+            # keep the doubling steps, which the explainer shows.
+            self._begin(name, sendbuf.size, sendbuf.dtype, op, folded=True)
+            one_shot_scan(transport, flat_work(sendbuf, xp)[0], work, ufunc, exclusive)
+        else:
+            # In place, the input is kept apart: each step sends this rank's own input again.
+            mine = work.copy() if in_place else flat_work(sendbuf, xp)[0]
+            self._begin(name, sendbuf.size, sendbuf.dtype, op)
+            recursive_doubling_scan(transport, mine, work, xp.empty_like(work), ufunc,
+                                    exclusive)
+        finish(xp, work, op, self.rank, exclusive)
         if copied:
             recvbuf[...] = work.reshape(recvbuf.shape)
         return recvbuf

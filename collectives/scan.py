@@ -25,6 +25,9 @@ identity (0 for sum, 1 for prod, the largest value for min, the smallest for max
 Recursive doubling pays the per-message latency log2 N times, against N-1 for a chain that
 passes the running reduction from rank to rank; a pipelined chain sends S only once per rank,
 so for large buffers on many ranks it moves fewer bytes.
+
+Small buffers take one exchange instead (`one_shot_scan`): every rank publishes its input,
+and rank r reduces those of ranks 0..r itself, in rank order; one wait instead of log2 N.
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ from __future__ import annotations
 from typing import Any
 
 from transports.base import ReduceOp, Transport
+
+from .all_reduce import reduce_in_rank_order
+from .ops import identity
 
 
 def recursive_doubling_scan(transport: Transport, mine: Any, out: Any, scratch: Any,
@@ -64,3 +70,41 @@ def recursive_doubling_scan(transport: Transport, mine: Any, out: Any, scratch: 
         taken += src is not None
     if not exclusive and held is not out:
         out[...] = held  # only a rank that received nothing: rank 0, or a single rank
+
+
+def one_shot_scan(transport: Transport, mine: Any, out: Any, op: ReduceOp,
+                  exclusive: bool = False) -> None:
+    """Scan the flat array `mine` into `out` (flat, the same size) in one exchange
+    (`Transport.all_inputs`, which also carries the call's check); two or more ranks. Counted
+    as what is read: rank r's input by each rank above it. `mine` may be `out`: it is
+    published before `out` is written. Rank 0's exclusive `out` is left for the caller."""
+    rank, size = transport.rank, transport.size
+    transport.at("one-shot")
+    inputs = transport.all_inputs(mine, counted=False)
+    for peer in range(size):
+        if peer > rank:
+            transport.count(mine, peer, None, None)
+        elif peer < rank:
+            transport.count(None, None, out, peer)
+    prefix(transport.xp, inputs, rank, op, exclusive, out)
+
+
+def prefix(xp: Any, inputs: list[Any], rank: int, op: ReduceOp, exclusive: bool,
+           out: Any) -> None:
+    """out = op over `inputs` 0..rank (0..rank-1 when `exclusive`) in rank order, so every
+    rank's result is the reduction of all_reduce.py's one-shot; nothing when that is none."""
+    below = inputs[:rank if exclusive else rank + 1]
+    if len(below) == 1:
+        out[...] = below[0]
+    elif below:
+        reduce_in_rank_order(xp, below, op, False, out)
+
+
+def finish(xp: Any, out: Any, op: str, rank: int, exclusive: bool) -> None:
+    """What the scan's exchanges leave to do in `out`: rank 0's exclusive result is the op's
+    identity, and "avg" divides the sum by the number of ranks reduced."""
+    reduced = rank if exclusive else rank + 1
+    if reduced == 0:
+        out[...] = identity(op, out.dtype, xp)
+    elif op == "avg":
+        xp.true_divide(out, reduced, out=out)

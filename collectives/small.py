@@ -7,7 +7,7 @@ turn on the progress thread, torch tensors, any layout, any algorithm, tracing. 
 several times what the exchange itself does.
 
 So each collective that moves small equal blocks in one exchange (all_reduce, broadcast,
-reduce, gather, all_gather, reduce_scatter, all_to_all) first offers a call to this lane,
+reduce, gather, all_gather, reduce_scatter, all_to_all, scan) first offers a call to this lane,
 which takes it when it is the common case: blocking, of a contiguous NumPy array no larger
 than the transport's `one_shot_bytes`, of a kind the general path has taken before (so its
 op is resolved and its dtype known good), nothing queued, not traced. It then does what the
@@ -41,6 +41,7 @@ from transports.errors import CallsDiffer, MismatchError
 
 from .all_reduce import reduce_in_rank_order
 from .arguments import NUMERIC
+from .scan import finish, prefix
 
 KINDS_KEPT = 64  # kinds of call remembered; more means a sweep of sizes, so start again
 GENERAL = object()  # what a lane returns for a call it leaves to the general path
@@ -189,6 +190,26 @@ def small_all_to_all(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None) -> 
     return result
 
 
+def small_scan(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, op: str,
+               exclusive: bool) -> Any:
+    """`comm.scan(sendbuf, recvbuf, op, exclusive)` by the lane, or GENERAL: rank r reduces
+    the inputs of ranks 0..r (0..r-1) in rank order, as scan.py's one-shot does."""
+    transport = comm._transport
+    if not _open(comm, sendbuf) or type(op) is not str or type(exclusive) is not bool:
+        return GENERAL
+    key = ("scan", op, exclusive, sendbuf.dtype, sendbuf.shape)
+    kind = comm._small_calls.get(key) or _learn(
+        comm, key, "scan/exclusive" if exclusive else "scan", sendbuf, op,
+        moved=_up_the_ranks(comm, sendbuf.nbytes))
+    if kind is None or recvbuf is not None and not _fits(recvbuf, sendbuf.shape, sendbuf.dtype):
+        return GENERAL
+    inputs = _exchange(comm, kind[2], sendbuf)
+    out = numpy.empty(sendbuf.shape, sendbuf.dtype) if recvbuf is None else recvbuf
+    prefix(numpy, inputs, transport.rank, kind[0], exclusive, out)
+    finish(numpy, out, op, transport.rank, exclusive)
+    return out
+
+
 # ---- what every lane shares ---------------------------------------------------------------
 
 def _open(comm: Any, sendbuf: numpy.ndarray) -> bool:
@@ -274,6 +295,14 @@ def _one_way(comm: Any, root: int, nbytes: int, to_root: bool) -> list[Moved]:
         return [(0, -1, nbytes, peer) for peer in peers] if to_root else \
             [(nbytes, peer, 0, -1) for peer in peers]
     return [(nbytes, root, 0, -1)] if to_root else [(0, -1, nbytes, root)]
+
+
+def _up_the_ranks(comm: Any, nbytes: int) -> list[Moved]:
+    """What a rank counts of a scan's one exchange: its input read by each rank above it, and
+    each input read from the ranks below, as scan.py counts."""
+    rank, size = comm._transport.rank, comm._transport.size
+    return [(nbytes, peer, 0, -1) if peer > rank else (0, -1, nbytes, peer)
+            for peer in range(size) if peer != rank]
 
 
 def _both_ways(comm: Any, nbytes: int) -> list[Moved]:

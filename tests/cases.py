@@ -374,7 +374,8 @@ def small_call_case(comm: Any, dtype: str, op: str) -> dict:
             "strided": strided, "general_path": taken}
 
 
-LANES = ("broadcast", "gather", "all_gather", "reduce", "reduce_scatter", "all_to_all")
+LANES = ("broadcast", "gather", "all_gather", "reduce", "reduce_scatter", "all_to_all", "scan",
+         "exclusive scan")
 
 
 def small_lanes_case(comm: Any, dtype: str, op: str) -> dict:
@@ -386,7 +387,7 @@ def small_lanes_case(comm: Any, dtype: str, op: str) -> dict:
     rank, size, root = comm.rank, comm.size, comm.size - 1
     mine = values(rank, 6, dtype).reshape(2, 3)
     blocks = values(rank, 6 * size, dtype).reshape(size, 2, 3)
-    calls = {  # name -> (input, call(method, input, recvbuf)), the method public or general
+    calls = {  # lane -> (input, call(method, input, recvbuf)), the method public or general
         "broadcast": (mine, lambda m, x, into: m(x.copy() if into is None else into,
                                                    root=root)),
         "gather": (mine, lambda m, x, into: m(x, recvbuf=into, root=root)),
@@ -394,9 +395,12 @@ def small_lanes_case(comm: Any, dtype: str, op: str) -> dict:
         "reduce": (mine, lambda m, x, into: m(x, recvbuf=into, op=op, root=root)),
         "reduce_scatter": (blocks, lambda m, x, into: m(x, recvbuf=into, op=op)),
         "all_to_all": (blocks, lambda m, x, into: m(x, recvbuf=into)),
+        "scan": (mine, lambda m, x, into: m(x, recvbuf=into, op=op)),
+        "exclusive scan": (mine, lambda m, x, into: m(x, recvbuf=into, op=op, exclusive=True)),
     }
     out: dict[str, Any] = {}
-    for name, (x, call) in calls.items():
+    for lane, (x, call) in calls.items():
+        name = lane.split()[-1]
         public, general = getattr(comm, name), getattr(comm, f"_{name}")
         call(public, x, None)  # the first call of a kind: the general path, which learns it
         taken: list[str] = []
@@ -421,7 +425,7 @@ def small_lanes_case(comm: Any, dtype: str, op: str) -> dict:
                 call(public, x, strided)
                 if counted[0][0] is not None:
                     got.update(returned_into=returned is into, into=into, into_strided=strided)
-            if name in ("broadcast", "reduce", "all_to_all"):  # recvbuf is sendbuf
+            if name in ("broadcast", "reduce", "all_to_all", "scan"):  # recvbuf is sendbuf
                 source = x.copy()
                 call(public, source, source)
                 if name != "reduce" or rank == root:
@@ -437,7 +441,7 @@ def small_lanes_case(comm: Any, dtype: str, op: str) -> dict:
             got["taken"] = taken
         finally:
             delattr(comm, f"_{name}")
-        out[name] = got
+        out[lane] = got
     return out
 
 
