@@ -6,7 +6,9 @@ rank receives exactly its block and the root sends (N-1)/N of its buffer, the le
 Only the root knows the blocks' shape and dtype, and a rank that passes no receive buffer
 needs them. So the call starts with one exchange of a small description (`all_inputs`): the
 root's says what each block is, the others' are blank. It is the exchange the call check
-needs anyway (it carries the call's descriptor), so describing costs no message of its own.
+needs anyway (it carries the call's descriptor), so describing costs no message of its own;
+and the root makes it once the first block has gone as far as it can without a receiver
+(into free slots, on shm), so that copy overlaps the wait.
 A rank whose buffer does not fit the description still drains its block (no sender is left
 hanging) before it raises. Uneven blocks (`counts`, MPI's Scatterv) go the same way: the
 description then lists the counts.
@@ -67,6 +69,15 @@ def _read(text: bytes, rank: int) -> tuple[tuple[int, ...], numpy.dtype]:
     return shape, numpy.dtype(fields["dtype"])
 
 
+def _describing(transport: Transport, description: Any) -> list[Any]:
+    """The exchange of descriptions (uncounted: only the blocks are the scatter's traffic)."""
+    phase, step = transport.phase, transport.step
+    transport.at("describe")
+    said = transport.all_inputs(description, counted=False)
+    transport.at(phase, step)
+    return said
+
+
 def scatter_from_root(transport: Transport, blocks: list[Any] | None, root: int,
                       counts: tuple[int, ...] | None,
                       receive_into: Callable[[tuple[int, ...], Any], Any]) -> Any:
@@ -84,14 +95,18 @@ def scatter_from_root(transport: Transport, blocks: list[Any] | None, root: int,
         description = _describe(None if counts else mine.shape, counts, mine.dtype.str, nbytes)
     else:
         description = _blank(nbytes)
-    transport.at("describe")
-    said = transport.all_inputs(xp.asarray(description), counted=False)[root]
+    description = xp.asarray(description)
     if rank == root:
+        # The root publishes what fits of its first block before it describes them, so its
+        # copy in overlaps the exchange's wait (`check_first`; on a mismatch, withdrawn).
+        transport.check_first(lambda: _describing(transport, description))
         for step in range(1, size):
             peer = (root + step) % size
             transport.at("scatter", step - 1)
             transport.send(blocks[peer].reshape(-1), peer)
+        transport.checked()
         return blocks[root]
+    said = _describing(transport, description)[root]
     raw = said.get() if hasattr(said, "get") else said  # CuPy -> NumPy
     length, = LENGTH.unpack_from(raw)
     shape, dtype = _read(raw[LENGTH.size:LENGTH.size + length].tobytes(), rank)

@@ -289,7 +289,7 @@ def mismatch_scenario(single_copy: str) -> None:
         mine = numpy.arange(size * block, dtype=float).reshape(size, block) + rank
         want = numpy.stack([numpy.arange(size * block, dtype=float).reshape(size, block)[rank]
                             + r for r in range(size)])
-        for wrong in ("all_to_all", "gather", "sendrecv"):
+        for wrong in ("all_to_all", "gather", "scatter", "sendrecv"):
             out = numpy.zeros_like(mine)
             stats = vars(comm.stats).copy()
             try:
@@ -297,6 +297,8 @@ def mismatch_scenario(single_copy: str) -> None:
                     comm.all_to_all(mine.astype("f4") if rank == 0 else mine)
                 elif wrong == "gather":  # rank 0 names another root
                     comm.gather(mine[0], out, root=1 if rank == 0 else 0)
+                elif wrong == "scatter":  # ranks 0 and 1 each name themselves the root
+                    comm.scatter(mine, out[0], root=0 if rank == 0 else 1)
                 elif rank < 2:  # between ranks 0 and 1, rank 1 expecting an element less
                     comm.sendrecv(mine[0], 1 - rank, out[0][:block - rank])
             except collectives.MismatchError:
@@ -311,6 +313,8 @@ def mismatch_scenario(single_copy: str) -> None:
             got = comm.gather(mine[0], root=size - 1)
             if rank == size - 1:
                 numpy.testing.assert_array_equal(got, [mine[0] - rank + r for r in range(size)])
+            got = comm.scatter(mine, root=size - 1)
+            numpy.testing.assert_array_equal(got, mine[rank] - rank + size - 1)
             got = comm.sendrecv(mine[1], (rank + 1) % size, src=(rank - 1) % size)
             numpy.testing.assert_array_equal(got, mine[1] - rank + (rank - 1) % size)
     print("mismatch ok", flush=True)
