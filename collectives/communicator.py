@@ -445,6 +445,13 @@ class Communicator:
             nonlocal recvbuf, copy_back
             recvbuf = output(recvbuf, shape, dtype, xp)
             work, copied = flat_work(recvbuf, xp)
+            # The root writes its block while peers may still read theirs: not over them.
+            # (Two arrays that own their memory cannot overlap: asked without may_share_memory.)
+            overlaps = blocks is not None and not copied \
+                and (work.base is not None or sendbuf.base is not None) \
+                and xp.may_share_memory(work, sendbuf)
+            if overlaps:
+                work, copied = xp.empty_like(work), True
             copy_back = work if copied else None
             return work
 
@@ -452,10 +459,8 @@ class Communicator:
         # the check compares the rest, in the exchange that describes the blocks.
         self._begin("scatter", sum(counts) if counts else -1, root=root, counts=counts,
                     folded=True)
-        block = scatter_from_root(self._transport, blocks, root, counts, receive_into)
-        if self.rank == root:
-            recvbuf[...] = block.reshape(recvbuf.shape)
-        elif copy_back is not None:
+        scatter_from_root(self._transport, blocks, root, counts, receive_into)
+        if copy_back is not None:
             recvbuf[...] = copy_back.reshape(recvbuf.shape)
         return recvbuf
 

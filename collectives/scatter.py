@@ -84,9 +84,9 @@ def scatter_from_root(transport: Transport, blocks: list[Any] | None, root: int,
     """Send `blocks[r]` (root only: one contiguous array per rank, in the shape rank r gets;
     of the `counts` given, if uneven) to each rank r.
 
-    Every rank other than the root calls `receive_into(shape, dtype)` for the flat array to
-    receive its block into, and returns that array; the root returns its own block. The call's
-    check, if any (`transport.begin`), rides on the first exchange.
+    Every rank calls `receive_into(shape, dtype)` for the flat array to receive its block into
+    (the root copies its own), and returns that array. The call's check, if any
+    (`transport.begin`), rides on the first exchange.
     """
     xp, rank, size = transport.xp, transport.rank, transport.size
     nbytes = description_bytes(size)
@@ -100,12 +100,20 @@ def scatter_from_root(transport: Transport, blocks: list[Any] | None, root: int,
         # The root publishes what fits of its first block before it describes them, so its
         # copy in overlaps the exchange's wait (`check_first`; on a mismatch, withdrawn).
         transport.check_first(lambda: _describing(transport, description))
+        sent = []
         for step in range(1, size):
             peer = (root + step) % size
             transport.at("scatter", step - 1)
-            transport.send(blocks[peer].reshape(-1), peer)
+            sent.append(transport.isend(blocks[peer].reshape(-1), peer))
         transport.checked()
-        return blocks[root]
+        # Its own block while the peers take theirs (a large block is left for its rank to
+        # read: the two copies overlap).
+        mine = blocks[root]
+        target = receive_into(mine.shape, mine.dtype)
+        target[...] = mine.reshape(-1)
+        for wait in sent:
+            wait()
+        return target
     said = _describing(transport, description)[root]
     raw = said.get() if hasattr(said, "get") else said  # CuPy -> NumPy
     length, = LENGTH.unpack_from(raw)

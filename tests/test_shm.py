@@ -322,10 +322,11 @@ def mismatch_scenario(single_copy: str) -> None:
 
 def direct_scenario() -> None:
     """Which messages go by direct read: from DIRECT_BYTES up, sent while receiving (a ring
-    step, a sendrecv); and which are shared, the sender writing its part into the receiver
-    (slots.py, "Shared copies"): from DIRECT_BYTES up, sent one way, where every rank has a
-    core. Messages on either side of the threshold, one way and both ways, checked against
-    NumPy, with the reads and writes counted."""
+    step, a sendrecv) or left for the receiver while the sender works (a scatter's root); and
+    which are shared, the sender writing its part into the receiver (slots.py, "Shared
+    copies"): from DIRECT_BYTES up, sent one way, where every rank has a core. Messages on
+    either side of the threshold, one way and both ways, checked against NumPy, with the reads
+    and writes counted."""
     from mpi4py import MPI
 
     from transports.slots import DIRECT_BYTES
@@ -361,6 +362,12 @@ def direct_scenario() -> None:
                              [("write", half)] if rank == 0 else [("read", nbytes - half)]), moved
             got = comm.broadcast(mine.copy(), root=size - 1)
             numpy.testing.assert_array_equal(got, mine - rank + size - 1)
+            moved.clear()  # a scatter's root copies its own block while each peer reads its
+            blocks = numpy.stack([mine + r * 0.5 for r in range(size)])  # own, whole
+            got = comm.scatter(blocks, root=0)
+            numpy.testing.assert_array_equal(got, mine - rank + rank * 0.5)
+            assert moved == ([("read", nbytes)] if rank and nbytes >= DIRECT_BYTES else []), \
+                moved
             got = comm.reduce(mine, root=0)  # reduced one way: read whole or through the slots
             if rank == 0:
                 numpy.testing.assert_array_equal(

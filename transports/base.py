@@ -60,6 +60,10 @@ class Stats:
             setattr(self, f.name, 0)
 
 
+def _sent() -> None:
+    """The wait of a send that is already whole."""
+
+
 def buffer_address(buf: Any) -> int:
     """Address of the first element of a NumPy or CuPy array."""
     if isinstance(buf, numpy.ndarray):
@@ -199,6 +203,30 @@ class Transport(ABC):
     def recv(self, buf: Any, src: int) -> None:
         """Receive from `src` into `buf`."""
         self.sendrecv(None, None, buf, src)
+
+    def isend(self, buf: Any, dst: int) -> Callable[[], None]:
+        """Start sending `buf` to `dst`, and return `wait()`, which returns once `buf` may be
+        reused; `buf` must not change until then. Meanwhile the caller may do other work: a
+        scatter's root copies its own block while its peers take theirs. Messages to one
+        peer still arrive in the order they were sent."""
+        buf = self._check(buf, dst)
+        if buf is None:
+            return _sent
+        record = self._count("copy", buf, dst, None, None)
+        wait = self._isend(buf, dst)
+        if record is None:
+            return wait
+
+        def wait_and_record() -> None:
+            wait()
+            record["end"] = time.perf_counter()
+        return wait_and_record
+
+    def _isend(self, buf: Any, dst: int) -> Callable[[], None]:
+        """`isend` of a checked, counted, non-empty `buf`. Here the send is whole before this
+        returns; a transport that can leave a message for its receiver to take overrides it."""
+        self._sendrecv(buf, dst, None, None)
+        return _sent
 
     def all_inputs(self, buf: Any, counted: bool = True) -> list[Any]:
         """Every rank's `buf`, in rank order.

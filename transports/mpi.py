@@ -18,7 +18,7 @@ from __future__ import annotations
 import ctypes
 import math
 import os
-from typing import Any
+from typing import Any, Callable
 
 import numpy
 from mpi4py import MPI
@@ -147,6 +147,13 @@ class MPITransport(Transport):
         if sendbuf is not None:
             requests.append(self.comm.Isend(_bytes(sendbuf), dst, TAG))
         self._wait_all(requests, src if recvbuf is not None else dst, "a message")
+
+    def _isend(self, buf: Any, dst: int) -> Callable[[], None]:
+        if self.staged:
+            return super()._isend(buf, dst)
+        self._ready()
+        request = self.comm.Isend(_bytes(buf), dst, TAG)
+        return lambda: self._wait_all([request], dst, "a message")
 
     def _sendrecv_reduce(self, sendbuf: Any | None, dst: int | None,
                          accbuf: Any, src: int, op: ReduceOp, inbuf: Any) -> None:

@@ -328,6 +328,21 @@ class SlotTransport(Transport):
                       or (k_in < n_in and self._find(src) is not None),
                       src if k_in < n_in else dst, "a segment" if k_in < n_in else "a free slot")
 
+    def _isend(self, buf: Any, dst: int) -> Callable[[], None]:
+        """A message that its receiver reads in place (from registered memory, or by a direct
+        read) is left there: announced now, waited for later. Others go whole now."""
+        out = buf.view(numpy.uint8)
+        region = self._region_of(out) if self._registered else None
+        if region is None and not (self.single_copy and out.size >= DIRECT_BYTES):
+            return super()._isend(buf, dst)
+        self.wait(self._slot_free, dst, "a free slot")
+        read_by = self._announce(dst, out.size, *region) if region else \
+            self._announce(dst, out.size, address=out.ctypes.data)
+        if self._pending is not None:
+            self._check_first(dst, 1)
+        return lambda: self.wait(lambda: self._has_taken(*read_by), dst,
+                                 "its message to be read")
+
     def check_first(self, check: Callable[[], None]) -> None:
         """Make the call's `check` in its first exchange, once this rank has published what fits
         in its free slots and before it takes any peer's data (see "Folded checks"); `checked`
