@@ -40,8 +40,8 @@ from .reduce_scatter import one_shot_reduce_scatter, ring_reduce_scatter
 from .scan import finish, one_shot_scan, recursive_doubling_scan
 from .scatter import scatter_from_root
 from .small import (GENERAL, small_all_gather, small_all_reduce, small_all_to_all,
-                    small_broadcast, small_gather, small_reduce, small_reduce_scatter,
-                    small_scan)
+                    small_broadcast, small_gather, small_message, small_reduce,
+                    small_reduce_scatter, small_scan)
 from .timeline import Trace, record_span, write_timeline
 from .work import Progress, Work
 
@@ -608,8 +608,7 @@ class Communicator:
 
     # ---- point to point ------------------------------------------------------------------
 
-    @collective
-    def send(self, buf: Any, dst: int) -> None:
+    def send(self, buf: Any, dst: int, *, async_op: bool = False) -> None:
         """Send `buf` (read flat) to rank `dst`, which takes it with `recv` or `sendrecv`.
 
         With the call check on, the two ranks first compare what one sends and the other
@@ -619,21 +618,47 @@ class Communicator:
         it, a transport finds a wrong size where it can (shm, threads), and the mpi transport
         raises MPI's own error for a message longer than its receive buffer.
         """
+        if not self._small(buf, async_op) or small_message(self, buf, dst, None, None) \
+                is GENERAL:
+            return self._send(buf, dst, async_op=async_op)
+        return None
+
+    @collective
+    def _send(self, buf: Any, dst: int) -> None:
+        """`send` by the general path."""
         self._pair(buf, dst, None, None)
 
-    @collective
-    def recv(self, buf: Any, src: int) -> Any:
+    def recv(self, buf: Any, src: int, *, async_op: bool = False) -> Any:
         """Receive what rank `src` sends into `buf` (filled flat); returns `buf`. See `send`."""
-        return self._pair(None, None, buf, src)
+        if self._small(buf, async_op):
+            result = small_message(self, None, None, buf, src)
+            if result is not GENERAL:
+                return result
+        return self._recv(buf, src, async_op=async_op)
 
     @collective
+    def _recv(self, buf: Any, src: int) -> Any:
+        """`recv` by the general path."""
+        return self._pair(None, None, buf, src)
+
     def sendrecv(self, sendbuf: Any, dst: int, recvbuf: Any | None = None,
-                 src: int | None = None) -> Any:
+                 src: int | None = None, *, async_op: bool = False) -> Any:
         """Send `sendbuf` to `dst` while receiving into `recvbuf` from `src` (default: `dst`),
         both at once, so ranks that all send and receive never wait on each other. `recvbuf`
         None: a new array like `sendbuf`. Returns `recvbuf`. A rank that names itself as both
         `dst` and `src` copies. See `send` for the check.
         """
+        src = dst if src is None else src
+        if self._small(sendbuf, async_op):
+            result = small_message(self, sendbuf, dst, recvbuf, src)
+            if result is not GENERAL:
+                return result
+        return self._sendrecv(sendbuf, dst, recvbuf, src, async_op=async_op)
+
+    @collective
+    def _sendrecv(self, sendbuf: Any, dst: int, recvbuf: Any | None = None,
+                  src: int | None = None) -> Any:
+        """`sendrecv` by the general path."""
         xp = self._transport.xp
         check_buffers(xp, self.transport, sendbuf, recvbuf)
         if recvbuf is None:
@@ -687,14 +712,24 @@ class Communicator:
               src: int | None) -> Any:
         """Send `sendbuf` to `dst` and receive `recvbuf` from `src` (either side None), checked
         by the pair and numbered per peer (point_to_point.py); returns `recvbuf`."""
-        transport = self._transport
-        xp = transport.xp
+        xp = self._transport.xp
         check_buffers(xp, self.transport, *(b for b in (sendbuf, recvbuf) if b is not None))
         if self._messages.check(sendbuf, dst, recvbuf, src):
             recvbuf[...] = sendbuf.reshape(recvbuf.shape)
             return recvbuf
         mine = None if sendbuf is None else flat_work(sendbuf, xp)[0]
         into, copied = (None, False) if recvbuf is None else flat_work(recvbuf, xp)
+        self._message(mine, dst, into, src)
+        if copied:
+            recvbuf[...] = into.reshape(recvbuf.shape)
+        return recvbuf
+
+    def _message(self, mine: Any | None, dst: int | None, into: Any | None,
+                 src: int | None) -> None:
+        """Move the flat `mine` to `dst` and into the flat `into` from `src` (either None):
+        numbered per peer, and checked by the pair before the data moves. What `_pair` does
+        once the arguments are known good, and the small-call lane too (small.py)."""
+        transport = self._transport
         where, said = self._messages.describe(mine, dst, into, src)
         self._usable()
         self._in_flight = True
@@ -710,9 +745,6 @@ class Communicator:
             vars(transport.stats).update(stats)
             raise
         self._messages.count(dst, src)
-        if copied:
-            recvbuf[...] = into.reshape(recvbuf.shape)
-        return recvbuf
 
     def _in_turn(self, call: Callable[[], Any]) -> Any:
         """`call()`, after the calls queued before it (at once when none are)."""

@@ -1,4 +1,4 @@
-"""The small-call lane: small blocking collectives of NumPy arrays, with nothing else.
+"""The small-call lane: small blocking calls on NumPy arrays, with nothing else.
 
 A small collective (a loss, a metric, a flag, a small gradient bucket) moves a few bytes, so
 its cost is all overhead. The general path (`Communicator._all_reduce`, `_broadcast`, ...,
@@ -7,11 +7,11 @@ turn on the progress thread, torch tensors, any layout, any algorithm, tracing. 
 several times what the exchange itself does.
 
 So each collective that moves small equal blocks in one exchange (all_reduce, broadcast,
-reduce, gather, all_gather, reduce_scatter, all_to_all, scan) first offers a call to this lane,
-which takes it when it is the common case: blocking, of a contiguous NumPy array no larger
-than the transport's `one_shot_bytes`, of a kind the general path has taken before (so its
-op is resolved and its dtype known good), nothing queued, not traced. It then does what the
-general path's one-shot form would do for that call, and only that:
+reduce, gather, all_gather, reduce_scatter, all_to_all, scan) first offers a call to this
+lane, which takes it when it is the common case: blocking, of a contiguous NumPy array no
+larger than the transport's `one_shot_bytes`, of a kind the general path has taken before (so
+its op is resolved and its dtype known good), nothing queued, not traced. It then does what
+the general path's one-shot form would do for that call, and only that:
 
 1. number the call;
 2. make the exchange that the general path makes (`transport.all_inputs`): every rank's
@@ -28,6 +28,9 @@ kind looks them up once, and each call only moves its data. At a few bytes every
 counts (README, "Small calls"). Anything else (a strided input, a recvbuf of another shape or
 dtype, a first call of its kind, an async call) goes the general path, which also raises the
 errors: the lane never decides what is wrong, only what is plain.
+
+Messages (send, recv, sendrecv: `small_message`) take a shorter lane: their arguments seen
+plain, then the general path's own moves (`Communicator._message`), without the decorator.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from transports.errors import CallsDiffer, MismatchError
 
 from .all_reduce import reduce_in_rank_order
 from .arguments import NUMERIC
+from .check import MessagesDiffer
 from .scan import finish, prefix
 
 KINDS_KEPT = 64  # kinds of call remembered; more means a sweep of sizes, so start again
@@ -208,6 +212,37 @@ def small_scan(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, op: str,
     prefix(numpy, inputs, transport.rank, kind[0], exclusive, out)
     finish(numpy, out, op, transport.rank, exclusive)
     return out
+
+
+def small_message(comm: Any, sendbuf: numpy.ndarray | None, dst: int | None,
+                  recvbuf: Any | None, src: int | None) -> Any:
+    """`comm.sendrecv(sendbuf, dst, recvbuf, src)`, `send` (no recvbuf, no src) or `recv` (no
+    sendbuf, no dst) by the lane, or GENERAL: the arguments seen to be plain (contiguous
+    NumPy arrays of numbers, peers that are other ranks), then what the general path does
+    with them (`Communicator._message`: numbered, checked by the pair, moved). Returns
+    `recvbuf` (a new array for a sendrecv without one)."""
+    size, rank = comm._transport.size, comm._transport.rank
+    for peer in (dst, src):
+        if peer is not None and (type(peer) is not int or not 0 <= peer < size or peer == rank):
+            return GENERAL  # (a rank that names itself copies: the general path)
+    if recvbuf is None and sendbuf is not None and src is not None:
+        recvbuf = numpy.empty(sendbuf.shape, sendbuf.dtype)
+    for buf in (sendbuf, recvbuf):
+        if buf is not None and (type(buf) is not numpy.ndarray or buf.dtype.kind not in NUMERIC
+                                or not _open(comm, buf)):
+            return GENERAL
+    if recvbuf is not None and not recvbuf.flags.writeable:
+        return GENERAL
+    try:
+        comm._message(None if sendbuf is None else sendbuf.reshape(-1), dst,
+                      None if recvbuf is None else recvbuf.reshape(-1), src)
+    except MessagesDiffer as differ:  # both ends raise it, having taken no data
+        raise MismatchError(str(differ)) from None
+    except BaseException as error:  # as calls.py: a ValueError leaves the communicator usable
+        if not isinstance(error, (ValueError, TypeError)):
+            comm._break(error)
+        raise
+    return recvbuf
 
 
 # ---- what every lane shares ---------------------------------------------------------------

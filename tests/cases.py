@@ -375,15 +375,16 @@ def small_call_case(comm: Any, dtype: str, op: str) -> dict:
 
 
 LANES = ("broadcast", "gather", "all_gather", "reduce", "reduce_scatter", "all_to_all", "scan",
-         "exclusive scan")
+         "exclusive scan", "sendrecv")
 
 
 def small_lanes_case(comm: Any, dtype: str, op: str) -> dict:
-    """Each collective that has a small-call lane (collectives/small.py) besides all_reduce,
-    once its kind is known: by the lane, by the general path (`comm._<name>`) for the same
-    call, into a recvbuf, into a strided one, in place where MPI allows it, and with rank 0
-    alone on the general path (a strided input); with what the lane and the general path
-    count in `stats`, and which calls took the general path."""
+    """Each call that has a small-call lane (collectives/small.py) besides all_reduce (a
+    sendrecv around the ring too), once its kind is known: by the lane, by the general path
+    (`comm._<name>`) for the same call, into a recvbuf, into a strided one, in place where
+    MPI allows it, and with rank 0 alone on the general path (a strided input); with what
+    the lane and the general path count in `stats`, and which calls took the general
+    path."""
     rank, size, root = comm.rank, comm.size, comm.size - 1
     mine = values(rank, 6, dtype).reshape(2, 3)
     blocks = values(rank, 6 * size, dtype).reshape(size, 2, 3)
@@ -397,6 +398,7 @@ def small_lanes_case(comm: Any, dtype: str, op: str) -> dict:
         "all_to_all": (blocks, lambda m, x, into: m(x, recvbuf=into)),
         "scan": (mine, lambda m, x, into: m(x, recvbuf=into, op=op)),
         "exclusive scan": (mine, lambda m, x, into: m(x, recvbuf=into, op=op, exclusive=True)),
+        "sendrecv": (mine, lambda m, x, into: m(x, (rank + 1) % size, into, (rank - 1) % size)),
     }
     out: dict[str, Any] = {}
     for lane, (x, call) in calls.items():
@@ -422,9 +424,11 @@ def small_lanes_case(comm: Any, dtype: str, op: str) -> dict:
                     else (2, 3)
                 into, strided = numpy.empty(shape, dtype), _strided(numpy.empty(shape, dtype))
                 returned = call(public, x, into)
-                call(public, x, strided)
+                if name != "sendrecv":  # (a message takes the lane contiguous only)
+                    call(public, x, strided)
+                    got["into_strided"] = strided
                 if counted[0][0] is not None:
-                    got.update(returned_into=returned is into, into=into, into_strided=strided)
+                    got.update(returned_into=returned is into, into=into)
             if name in ("broadcast", "reduce", "all_to_all", "scan"):  # recvbuf is sendbuf
                 source = x.copy()
                 call(public, source, source)

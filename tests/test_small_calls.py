@@ -68,15 +68,16 @@ def lane_references(dtype: str, op: str) -> dict[str, list]:
         "scan": [reduce_reference(op, mine[:r + 1]).astype(dtype) for r in range(SIZE)],
         "exclusive scan": [numpy.full((2, 3), identity(op, numpy.dtype(dtype), numpy))]
         + [reduce_reference(op, mine[:r]).astype(dtype) for r in range(1, SIZE)],
+        "sendrecv": [mine[(r - 1) % SIZE] for r in range(SIZE)],
     }
 
 
 @pytest.mark.parametrize("dtype, op", KINDS[:4])
 def test_every_lane_gives_the_general_paths_result_bitwise_and_counts_the_same(run, dtype, op):
-    """broadcast, gather, all_gather, reduce, reduce_scatter, all_to_all and scan take the
-    lane once their kind is known: each result is NumPy's, bitwise the general path's for the same
-    call, in every form, and counted alike. Only rank 0's strided input took the general path,
-    and the other ranks' lanes met it in the same exchange."""
+    """broadcast, gather, all_gather, reduce, reduce_scatter, all_to_all, scan and sendrecv
+    take the lane once their kind is known: each result is NumPy's, bitwise the general
+    path's for the same call, in every form, and counted alike. Only rank 0's strided input
+    took the general path, and the other ranks' lanes met it in the same exchange."""
     want = lane_references(dtype, op)
     for rank, outcome in enumerate(run("small_lanes_case", SIZE, "one_shot", dtype=dtype,
                                        op=op)):

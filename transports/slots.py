@@ -264,6 +264,11 @@ class SlotTransport(Transport):
         one way only goes shared, where `shared` and every rank has a core (see "Shared
         copies")."""
         slot = self.slot_bytes
+        if op is None and not self._registered \
+                and (sendbuf is None or sendbuf.nbytes <= min(slot, DIRECT_BYTES - 1)) \
+                and (recvbuf is None or recvbuf.nbytes <= min(slot, DIRECT_BYTES - 1)):
+            self._one_segment(sendbuf, dst, recvbuf, src)
+            return
         out = sendbuf.view(numpy.uint8) if sendbuf is not None else None
         into = recvbuf.view(numpy.uint8) if recvbuf is not None else None
         region = self._region_of(out) if out is not None and self._registered else None
@@ -327,6 +332,27 @@ class SlotTransport(Transport):
             self.wait(lambda: (k_out < n_out and self._slot_free())
                       or (k_in < n_in and self._find(src) is not None),
                       src if k_in < n_in else dst, "a segment" if k_in < n_in else "a free slot")
+
+    def _one_segment(self, sendbuf: Any | None, dst: int | None, recvbuf: Any | None,
+                     src: int | None) -> None:
+        """`_stream` of a copy of at most one segment each way, as a small message is: the
+        same steps (publish, the pending check, take), without the general loop's
+        bookkeeping, which costs a small message more than its copies."""
+        if sendbuf is not None:
+            if not self._slot_free():
+                self.wait(self._slot_free, dst, "a free slot")
+            self._publish(sendbuf.view(numpy.uint8), dst, sendbuf.nbytes)
+        if self._pending is not None:
+            self._check_first(dst, sendbuf is not None)
+        if recvbuf is None:
+            return
+        j = self._find(src)
+        while j is None:
+            self.wait(lambda: self._find(src) is not None, src, "a segment")
+            j = self._find(src)
+        self._check_size(src, j, recvbuf.nbytes)
+        self.memory.copy(recvbuf.view(numpy.uint8), self._slots[src][j][:recvbuf.nbytes])
+        self._consumed(src)
 
     def _isend(self, buf: Any, dst: int) -> Callable[[], None]:
         """A message that its receiver reads in place (from registered memory, or by a direct
