@@ -41,7 +41,7 @@ from .scan import finish, one_shot_scan, recursive_doubling_scan
 from .scatter import scatter_from_root
 from .small import (GENERAL, small_all_gather, small_all_reduce, small_all_to_all,
                     small_broadcast, small_gather, small_message, small_reduce,
-                    small_reduce_scatter, small_scan)
+                    small_reduce_scatter, small_scan, small_scatter)
 from .timeline import Trace, record_span, write_timeline
 from .work import Progress, Work
 
@@ -414,27 +414,35 @@ class Communicator:
             buf[...] = work.reshape(buf.shape)
         return buf
 
-    @collective
-    def scatter(self, sendbuf: Any | None = None, recvbuf: Any | None = None,
-                root: int = 0, counts: Any | None = None) -> Any:
+    def scatter(self, sendbuf: Any | None = None, recvbuf: Any | None = None, root: int = 0,
+                counts: Any | None = None, *, async_op: bool = False) -> Any:
         """Send block r of the root's `sendbuf` (shape (size, *block)) to rank r.
 
         `sendbuf` is ignored on other ranks; there `recvbuf` may be None, and the block's shape
         and dtype then come from the root. Returns `recvbuf`. counts: uneven blocks, flat
         (MPI's Scatterv; blocks.py): rank r gets counts[r] elements.
         """
+        if counts is None and self._small(sendbuf if self.rank == root else recvbuf, async_op):
+            result = small_scatter(self, sendbuf, recvbuf, root)
+            if result is not GENERAL:
+                return result
+        return self._scatter(sendbuf, recvbuf, root, counts, async_op=async_op)
+
+    @collective
+    def _scatter(self, sendbuf: Any | None = None, recvbuf: Any | None = None,
+                 root: int = 0, counts: Any | None = None) -> Any:
+        """`scatter` by the general path."""
         check_root(root, self.size)
         xp = self._transport.xp
         if sendbuf is not None or recvbuf is not None:
             check_buffers(xp, self.transport, *(b for b in (sendbuf, recvbuf) if b is not None))
-        blocks = None
+        flat = bounds = shape = None
         if self.rank == root:
             if sendbuf is None:
                 raise InvalidArgumentError(f"scatter: the root (rank {root}) must pass sendbuf")
             counts, bounds, shapes = split("scatter", counts, sendbuf, self.size)
-            flat = flat_work(sendbuf, xp)[0]
-            blocks = [flat[lo:hi].reshape(shape) for (lo, hi), shape in zip(bounds, shapes)]
-            recvbuf = output(recvbuf, shapes[root], sendbuf.dtype, xp)
+            flat, shape = flat_work(sendbuf, xp)[0], shapes[root]
+            recvbuf = output(recvbuf, shape, sendbuf.dtype, xp)
         else:
             counts = None if counts is None else check_counts(counts, self.size)
             if recvbuf is not None:
@@ -447,7 +455,7 @@ class Communicator:
             work, copied = flat_work(recvbuf, xp)
             # The root writes its block while peers may still read theirs: not over them.
             # (Two arrays that own their memory cannot overlap: asked without may_share_memory.)
-            overlaps = blocks is not None and not copied \
+            overlaps = flat is not None and not copied \
                 and (work.base is not None or sendbuf.base is not None) \
                 and xp.may_share_memory(work, sendbuf)
             if overlaps:
@@ -459,7 +467,7 @@ class Communicator:
         # the check compares the rest, in the exchange that describes the blocks.
         self._begin("scatter", sum(counts) if counts else -1, root=root, counts=counts,
                     folded=True)
-        scatter_from_root(self._transport, blocks, root, counts, receive_into)
+        scatter_from_root(self._transport, flat, bounds, shape, counts, root, receive_into)
         if copy_back is not None:
             recvbuf[...] = copy_back.reshape(recvbuf.shape)
         return recvbuf

@@ -6,9 +6,12 @@ rank receives exactly its block and the root sends (N-1)/N of its buffer, the le
 Only the root knows the blocks' shape and dtype, and a rank that passes no receive buffer
 needs them. So the call starts with one exchange of a small description (`all_inputs`): the
 root's says what each block is, the others' are blank. It is the exchange the call check
-needs anyway (it carries the call's descriptor), so describing costs no message of its own;
-and the root makes it once the first block has gone as far as it can without a receiver
-(into free slots, on shm), so that copy overlaps the wait.
+needs anyway (it carries the call's descriptor), so describing costs no message of its own.
+A small buffer travels in it too, after the description (`inline_bytes`: about 3 KiB on a
+few ranks), and the call is that one exchange. A larger one goes by messages, and the root
+copies its own block while the peers take theirs (`Transport.isend`: a large block is left
+for its rank to read, so the two copies overlap).
+
 A rank whose buffer does not fit the description still drains its block (no sender is left
 hanging) before it raises. Uneven blocks (`counts`, MPI's Scatterv) go the same way: the
 description then lists the counts.
@@ -27,26 +30,37 @@ import numpy
 from transports.base import Transport
 
 LENGTH = struct.Struct("<Q")  # a description starts with the length of its JSON text
+# A description fills at least this: the smallest exchange a transport makes in one step (a
+# page, slots.py's one-shot area at its smallest). What its JSON leaves of it carries a
+# small scatter's blocks.
+DESCRIPTION_BYTES = 4096
 
 
 def description_bytes(size: int) -> int:
-    """The size of a description on `size` ranks: room for a shape, a dtype and a count per
-    rank. Every rank works it out alike, as an exchange needs."""
+    """Where the blocks start in a description on `size` ranks: after room for a shape, a
+    dtype and a count per rank. Every rank works it out alike, as an exchange needs."""
     return 1024 + 24 * size
 
 
+def inline_bytes(size: int) -> int:
+    """The room for blocks after a description on `size` ranks: a scatter of at most this
+    many bytes travels inside its description."""
+    return max(DESCRIPTION_BYTES - description_bytes(size), 0)
+
+
 @functools.lru_cache(maxsize=64)
-def _describe(shape: tuple[int, ...] | None, counts: tuple[int, ...] | None, dtype: str,
-              nbytes: int) -> numpy.ndarray:
-    """The root's description (read only: it is kept): blocks of `shape`, or flat ones of
-    `counts` elements each, of `dtype`. Remembered, as JSON costs a small call several
-    microseconds."""
+def describe(shape: tuple[int, ...] | None, counts: tuple[int, ...] | None, dtype: str,
+             size: int) -> numpy.ndarray:
+    """The root's description of blocks of `shape`, or flat ones of `counts` elements each,
+    of `dtype`, on `size` ranks, with room for the blocks if they travel in it (read only:
+    it is kept, as JSON costs a small call several microseconds)."""
+    room = description_bytes(size)
     fields = {"dtype": dtype, "shape": shape} if counts is None else \
         {"dtype": dtype, "counts": counts}
     text = json.dumps(fields).encode()
-    if LENGTH.size + len(text) > nbytes:
-        raise ValueError(f"scatter: cannot describe blocks of shape {shape} in {nbytes} bytes")
-    description = numpy.zeros(nbytes, numpy.uint8)
+    if LENGTH.size + len(text) > room:
+        raise ValueError(f"scatter: cannot describe blocks of shape {shape} in {room} bytes")
+    description = numpy.zeros(room + inline_bytes(size), numpy.uint8)
     LENGTH.pack_into(description, 0, len(text))
     description[LENGTH.size:LENGTH.size + len(text)] = numpy.frombuffer(text, numpy.uint8)
     description.flags.writeable = False
@@ -54,19 +68,90 @@ def _describe(shape: tuple[int, ...] | None, counts: tuple[int, ...] | None, dty
 
 
 @functools.lru_cache(maxsize=8)
-def _blank(nbytes: int) -> numpy.ndarray:
-    """What a rank other than the root publishes: nothing (read only: it is kept)."""
-    blank = numpy.zeros(nbytes, numpy.uint8)
-    blank.flags.writeable = False
-    return blank
+def blank(size: int) -> numpy.ndarray:
+    """What a rank other than the root publishes on `size` ranks: nothing (read only)."""
+    nothing = numpy.zeros(description_bytes(size) + inline_bytes(size), numpy.uint8)
+    nothing.flags.writeable = False
+    return nothing
 
 
 @functools.lru_cache(maxsize=64)
-def _read(text: bytes, rank: int) -> tuple[tuple[int, ...], numpy.dtype]:
-    """The shape and dtype of `rank`'s block, from the root's description."""
+def _read(text: bytes, rank: int, size: int) -> tuple[tuple[int, ...], numpy.dtype, int, int]:
+    """The shape and dtype of `rank`'s block, from the root's description on `size` ranks;
+    where its bytes start among the blocks, and the bytes of all the blocks."""
     fields = json.loads(text)
-    shape = tuple(fields["shape"]) if "shape" in fields else (fields["counts"][rank],)
-    return shape, numpy.dtype(fields["dtype"])
+    dtype = numpy.dtype(fields["dtype"])
+    if "shape" in fields:
+        shape = tuple(fields["shape"])
+        block = math.prod(shape) * dtype.itemsize
+        return shape, dtype, rank * block, size * block
+    counts = fields["counts"]
+    return (counts[rank],), dtype, sum(counts[:rank]) * dtype.itemsize, \
+        sum(counts) * dtype.itemsize
+
+
+def scatter_from_root(transport: Transport, flat: Any | None, bounds: list[tuple[int, int]],
+                      shape: tuple[int, ...] | None, counts: tuple[int, ...] | None, root: int,
+                      receive_into: Callable[[tuple[int, ...], Any], Any]) -> Any:
+    """Send block r of the root's flat `flat` (at bounds[r]: blocks of `shape`, or of the
+    `counts` given) to each rank r; other ranks pass None.
+
+    Every rank calls `receive_into(shape, dtype)` for the flat array to receive its block into
+    (the root copies its own), and returns that array. The call's check, if any
+    (`transport.begin`), rides on the describing exchange.
+    """
+    xp, rank, size = transport.xp, transport.rank, transport.size
+    if rank != root:
+        said = _describing(transport, xp.asarray(blank(size)))[root]
+        return receive_described(transport, said, root, receive_into)
+    description = describe(shape, counts, flat.dtype.str, size)
+    inline = flat.nbytes <= inline_bytes(size)
+    if inline:
+        description = description.copy()
+        room = description_bytes(size)
+        description[room:room + flat.nbytes] = flat.view(numpy.uint8)
+    _describing(transport, xp.asarray(description))
+    sent = []
+    for step in range(1, size):
+        peer = (root + step) % size
+        if inline:
+            transport.count(flat[slice(*bounds[peer])], peer, None, None)
+        else:
+            transport.at("scatter", step - 1)
+            sent.append(transport.isend(flat[slice(*bounds[peer])], peer))
+    # Its own block while the peers take theirs (a large block is left for its rank to read:
+    # the two copies overlap).
+    mine = flat[slice(*bounds[root])]
+    target = receive_into(shape if counts is None else (counts[root],), flat.dtype)
+    target[...] = mine
+    for wait in sent:
+        wait()
+    return target
+
+
+def receive_described(transport: Transport, said: Any, root: int,
+                      receive_into: Callable[[tuple[int, ...], Any], Any]) -> Any:
+    """A rank's block, given the root's description `said`: taken out of it (a small
+    scatter), or received from the root. Returns the flat array `receive_into` gave."""
+    xp, size = transport.xp, transport.size
+    raw = said.get() if hasattr(said, "get") else said  # CuPy -> NumPy
+    length, = LENGTH.unpack_from(raw)
+    shape, dtype, offset, total = _read(raw[LENGTH.size:LENGTH.size + length].tobytes(),
+                                        transport.rank, size)
+    try:
+        target, problem = receive_into(shape, dtype), None
+    except (ValueError, TypeError) as error:
+        target, problem = xp.empty(math.prod(shape), dtype), error
+    if total > inline_bytes(size):  # a message follows: taken even when it does not fit
+        transport.at("scatter", (transport.rank - root) % size - 1)
+        transport.recv(target, root)
+    elif problem is None:
+        start = description_bytes(size) + offset
+        target.view(xp.uint8)[...] = said[start:start + target.nbytes]
+        transport.count(None, None, target, root)
+    if problem is not None:
+        raise problem
+    return target
 
 
 def _describing(transport: Transport, description: Any) -> list[Any]:
@@ -76,54 +161,3 @@ def _describing(transport: Transport, description: Any) -> list[Any]:
     said = transport.all_inputs(description, counted=False)
     transport.at(phase, step)
     return said
-
-
-def scatter_from_root(transport: Transport, blocks: list[Any] | None, root: int,
-                      counts: tuple[int, ...] | None,
-                      receive_into: Callable[[tuple[int, ...], Any], Any]) -> Any:
-    """Send `blocks[r]` (root only: one contiguous array per rank, in the shape rank r gets;
-    of the `counts` given, if uneven) to each rank r.
-
-    Every rank calls `receive_into(shape, dtype)` for the flat array to receive its block into
-    (the root copies its own), and returns that array. The call's check, if any
-    (`transport.begin`), rides on the first exchange.
-    """
-    xp, rank, size = transport.xp, transport.rank, transport.size
-    nbytes = description_bytes(size)
-    if rank == root:
-        mine = blocks[root]
-        description = _describe(None if counts else mine.shape, counts, mine.dtype.str, nbytes)
-    else:
-        description = _blank(nbytes)
-    description = xp.asarray(description)
-    if rank == root:
-        # The root publishes what fits of its first block before it describes them, so its
-        # copy in overlaps the exchange's wait (`check_first`; on a mismatch, withdrawn).
-        transport.check_first(lambda: _describing(transport, description))
-        sent = []
-        for step in range(1, size):
-            peer = (root + step) % size
-            transport.at("scatter", step - 1)
-            sent.append(transport.isend(blocks[peer].reshape(-1), peer))
-        transport.checked()
-        # Its own block while the peers take theirs (a large block is left for its rank to
-        # read: the two copies overlap).
-        mine = blocks[root]
-        target = receive_into(mine.shape, mine.dtype)
-        target[...] = mine.reshape(-1)
-        for wait in sent:
-            wait()
-        return target
-    said = _describing(transport, description)[root]
-    raw = said.get() if hasattr(said, "get") else said  # CuPy -> NumPy
-    length, = LENGTH.unpack_from(raw)
-    shape, dtype = _read(raw[LENGTH.size:LENGTH.size + length].tobytes(), rank)
-    try:
-        target, problem = receive_into(shape, dtype), None
-    except (ValueError, TypeError) as error:
-        target, problem = xp.empty(math.prod(shape), dtype), error
-    transport.at("scatter", (rank - root) % size - 1)
-    transport.recv(target, root)
-    if problem is not None:
-        raise problem
-    return target

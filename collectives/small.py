@@ -7,11 +7,12 @@ turn on the progress thread, torch tensors, any layout, any algorithm, tracing. 
 several times what the exchange itself does.
 
 So each collective that moves small equal blocks in one exchange (all_reduce, broadcast,
-reduce, gather, all_gather, reduce_scatter, all_to_all, scan) first offers a call to this
-lane, which takes it when it is the common case: blocking, of a contiguous NumPy array no
-larger than the transport's `one_shot_bytes`, of a kind the general path has taken before (so
-its op is resolved and its dtype known good), nothing queued, not traced. It then does what
-the general path's one-shot form would do for that call, and only that:
+reduce, gather, all_gather, reduce_scatter, all_to_all, scan, and a scatter that fits in its
+description) first offers a call to this lane, which takes it when it is the common case:
+blocking, of a contiguous NumPy array no larger than the transport's `one_shot_bytes`, of a
+kind the general path has taken before where there is an op (so it is resolved for the
+dtype), nothing queued, not traced. It then does what the general path's one-shot form would
+do for that call, and only that:
 
 1. number the call;
 2. make the exchange that the general path makes (`transport.all_inputs`): every rank's
@@ -35,6 +36,7 @@ plain, then the general path's own moves (`Communicator._message`), without the 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy
@@ -43,9 +45,10 @@ from transports.base import Moved
 from transports.errors import CallsDiffer, MismatchError
 
 from .all_reduce import reduce_in_rank_order
-from .arguments import NUMERIC
+from .arguments import NUMERIC, output
 from .check import MessagesDiffer
 from .scan import finish, prefix
+from .scatter import LENGTH, blank, describe, description_bytes, inline_bytes, receive_described
 
 KINDS_KEPT = 64  # kinds of call remembered; more means a sweep of sizes, so start again
 GENERAL = object()  # what a lane returns for a call it leaves to the general path
@@ -214,6 +217,52 @@ def small_scan(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, op: str,
     return out
 
 
+def small_scatter(comm: Any, sendbuf: Any | None, recvbuf: Any | None, root: int) -> Any:
+    """`comm.scatter(sendbuf, recvbuf, root)` by the lane, or GENERAL: a scatter small enough
+    to travel inside its description (scatter.py), of blocks each rank knows the shape of (a
+    recvbuf off the root). The root publishes the description and its blocks, and each rank
+    takes its own; a description other than the one expected (the root's blocks differ) is
+    read as the general path reads it."""
+    transport = comm._transport
+    size, rank = transport.size, transport.rank
+    mine = sendbuf if rank == root else recvbuf
+    if (type(mine) is not numpy.ndarray or mine.dtype.kind not in NUMERIC
+            or not _is_rank(comm, root) or not _open(comm, mine)):
+        return GENERAL
+    if rank == root:
+        block = mine.shape[1:]
+        if not _in_blocks(comm, mine) or mine.nbytes > inline_bytes(size) or (
+                recvbuf is not None and not _fits(recvbuf, block, mine.dtype)):
+            return GENERAL
+    elif not mine.flags.writeable or size * mine.nbytes > inline_bytes(size):
+        return GENERAL
+    else:
+        block = mine.shape
+    key = ("scatter", root, mine.dtype, block)
+    publish, expected, exchange = comm._small_calls.get(key) or _learn_scatter(
+        comm, key, root, block, mine.dtype)
+    room = description_bytes(size)
+    if rank == root:
+        publish[room:room + mine.nbytes] = mine.reshape(-1).view(numpy.uint8)
+        _exchange(comm, exchange, publish)
+        result = numpy.empty(block, mine.dtype) if recvbuf is None else recvbuf
+        result[...] = mine[root]
+        return result
+    said = _exchange(comm, exchange, publish)[root]
+    if said[:len(expected)].tobytes() == expected:
+        start = room + rank * mine.nbytes
+        mine.reshape(-1).view(numpy.uint8)[...] = said[start:start + mine.nbytes]
+        return mine
+    try:
+        receive_described(transport, said, root,
+                          lambda shape, dtype: output(mine, shape, dtype, numpy).reshape(-1))
+    except BaseException as error:  # as calls.py: a ValueError leaves the communicator usable
+        if not isinstance(error, (ValueError, TypeError)):
+            comm._break(error)
+        raise
+    return mine
+
+
 def small_message(comm: Any, sendbuf: numpy.ndarray | None, dst: int | None,
                   recvbuf: Any | None, src: int | None) -> Any:
     """`comm.sendrecv(sendbuf, dst, recvbuf, src)`, `send` (no recvbuf, no src) or `recv` (no
@@ -279,6 +328,26 @@ def _learn(comm: Any, key: tuple, collective: str, sendbuf: numpy.ndarray,
         if comm._checking else None
     kind = comm._small_calls[key] = (ufunc, op == "avg", comm._transport.prepare_all_inputs(
         sendbuf.shape, dtype, collective, call, moved))
+    return kind
+
+
+def _learn_scatter(comm: Any, key: tuple, root: int, block: tuple[int, ...],
+                   dtype: numpy.dtype) -> tuple[numpy.ndarray, bytes, Any]:
+    """What the lane keeps of a kind of small scatter (`key`): what this rank publishes (the
+    root: its description, with room for the blocks written each call; the others: nothing),
+    the description the root gives when the blocks are as this rank expects them, and the
+    exchange, prepared as the general path makes it (uncounted there: each block counts)."""
+    transport = comm._transport
+    if len(comm._small_calls) >= KINDS_KEPT:
+        comm._small_calls.clear()
+    described = describe(block, None, dtype.str, transport.size)
+    length = LENGTH.size + LENGTH.unpack_from(described)[0]
+    publish = described.copy() if transport.rank == root else blank(transport.size)
+    call = comm._descriptor("scatter", -1, None, root=root) if comm._checking else None
+    exchange = transport.prepare_all_inputs(
+        publish.shape, publish.dtype, "scatter", call,
+        _one_way(comm, root, math.prod(block) * dtype.itemsize, False))
+    kind = comm._small_calls[key] = (publish, described[:length].tobytes(), exchange)
     return kind
 
 

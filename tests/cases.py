@@ -375,7 +375,7 @@ def small_call_case(comm: Any, dtype: str, op: str) -> dict:
 
 
 LANES = ("broadcast", "gather", "all_gather", "reduce", "reduce_scatter", "all_to_all", "scan",
-         "exclusive scan", "sendrecv")
+         "exclusive scan", "sendrecv", "scatter")
 
 
 def small_lanes_case(comm: Any, dtype: str, op: str) -> dict:
@@ -399,6 +399,11 @@ def small_lanes_case(comm: Any, dtype: str, op: str) -> dict:
         "scan": (mine, lambda m, x, into: m(x, recvbuf=into, op=op)),
         "exclusive scan": (mine, lambda m, x, into: m(x, recvbuf=into, op=op, exclusive=True)),
         "sendrecv": (mine, lambda m, x, into: m(x, (rank + 1) % size, into, (rank - 1) % size)),
+        # (off the root a scatter takes the lane with a recvbuf: given, unless the input is
+        # strided, as rank 0's is in the mixed form)
+        "scatter": (blocks, lambda m, x, into: m(
+            x, numpy.empty((2, 3), dtype) if into is None and x.flags.c_contiguous else into,
+            root=root)),
     }
     out: dict[str, Any] = {}
     for lane, (x, call) in calls.items():
@@ -424,7 +429,7 @@ def small_lanes_case(comm: Any, dtype: str, op: str) -> dict:
                     else (2, 3)
                 into, strided = numpy.empty(shape, dtype), _strided(numpy.empty(shape, dtype))
                 returned = call(public, x, into)
-                if name != "sendrecv":  # (a message takes the lane contiguous only)
+                if name not in ("sendrecv", "scatter"):  # (these take the lane contiguous)
                     call(public, x, strided)
                     got["into_strided"] = strided
                 if counted[0][0] is not None:

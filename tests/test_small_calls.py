@@ -69,13 +69,14 @@ def lane_references(dtype: str, op: str) -> dict[str, list]:
         "exclusive scan": [numpy.full((2, 3), identity(op, numpy.dtype(dtype), numpy))]
         + [reduce_reference(op, mine[:r]).astype(dtype) for r in range(1, SIZE)],
         "sendrecv": [mine[(r - 1) % SIZE] for r in range(SIZE)],
+        "scatter": list(blocks[root]),
     }
 
 
 @pytest.mark.parametrize("dtype, op", KINDS[:4])
 def test_every_lane_gives_the_general_paths_result_bitwise_and_counts_the_same(run, dtype, op):
-    """broadcast, gather, all_gather, reduce, reduce_scatter, all_to_all, scan and sendrecv
-    take the lane once their kind is known: each result is NumPy's, bitwise the general
+    """broadcast, gather, all_gather, reduce, reduce_scatter, all_to_all, scan, sendrecv and
+    scatter take the lane once their kind is known: each result is NumPy's, bitwise the general
     path's for the same call, in every form, and counted alike. Only rank 0's strided input
     took the general path, and the other ranks' lanes met it in the same exchange."""
     want = lane_references(dtype, op)
@@ -195,3 +196,28 @@ if __name__ == "__main__" and sys.argv[1] == "unchecked":
             said = f"MismatchError: {error}"
         Path(sys.argv[2], f"{transport}-{comm.rank}.txt").write_text(said)
         comm.close()
+
+
+def test_a_scatter_lane_reads_a_description_it_did_not_expect_as_the_general_path_does():
+    """Off the root a scatter takes the lane on its recvbuf's shape; when the root's blocks
+    are another shape, the rank reads the root's description as the general path does: it
+    raises that its recvbuf does not fit, and the communicator goes on."""
+    blocks = numpy.arange(18.0).reshape(3, 2, 3)
+
+    def body(comm):
+        root = 2
+        comm.scatter(blocks if comm.rank == root else None, numpy.empty((2, 3)), root=root)
+        mine = numpy.empty((3, 2) if comm.rank == 1 else (2, 3))  # as many bytes, but
+        try:
+            comm.scatter(blocks if comm.rank == root else None, mine, root=root)
+            said = None
+        except collectives.InvalidArgumentError as error:
+            said = str(error)
+        after = comm.scatter(blocks if comm.rank == root else None, numpy.empty((2, 3)),
+                             root=root)
+        return said, after.tolist()
+
+    for rank, (said, after) in enumerate(collectives.spawn(body, 3, one_shot_bytes=1 << 20)):
+        assert said == (None if rank != 1 else "recvbuf must have shape (2, 3) and dtype "
+                        "float64; got shape (3, 2) and dtype float64"), said
+        assert after == blocks[rank].tolist()
