@@ -626,10 +626,10 @@ class Communicator:
         it, a transport finds a wrong size where it can (shm, threads), and the mpi transport
         raises MPI's own error for a message longer than its receive buffer.
         """
-        if not self._small(buf, async_op) or small_message(self, buf, dst, None, None) \
-                is GENERAL:
-            return self._send(buf, dst, async_op=async_op)
-        return None
+        if self._small(buf, async_op) and small_message(self, buf, dst, None, None) \
+                is not GENERAL:
+            return None
+        return self._send(buf, dst, async_op=async_op)
 
     @collective
     def _send(self, buf: Any, dst: int) -> None:

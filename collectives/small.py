@@ -166,7 +166,7 @@ def small_reduce_scatter(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None,
     key = ("reduce_scatter", op, sendbuf.dtype, sendbuf.shape)
     kind = comm._small_calls.get(key) or _learn(
         comm, key, "reduce_scatter", sendbuf, op,
-        moved=_both_ways(comm, sendbuf.nbytes // transport.size))
+        moved=transport.every_peer(sendbuf.nbytes // transport.size))
     block = sendbuf.shape[1:]
     if kind is None or recvbuf is not None and not _fits(recvbuf, block, sendbuf.dtype):
         return GENERAL
@@ -186,7 +186,8 @@ def small_all_to_all(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None) -> 
         return GENERAL
     key = ("all_to_all", sendbuf.dtype, sendbuf.shape)
     kind = comm._small_calls.get(key) or _learn(
-        comm, key, "all_to_all", sendbuf, moved=_both_ways(comm, sendbuf.nbytes // transport.size))
+        comm, key, "all_to_all", sendbuf,
+        moved=transport.every_peer(sendbuf.nbytes // transport.size))
     if kind is None or recvbuf is not None and not _fits(recvbuf, sendbuf.shape, sendbuf.dtype):
         return GENERAL
     inputs = _exchange(comm, kind[2], sendbuf)
@@ -408,10 +409,3 @@ def _up_the_ranks(comm: Any, nbytes: int) -> list[Moved]:
     return [(nbytes, peer, 0, -1) if peer > rank else (0, -1, nbytes, peer)
             for peer in range(size) if peer != rank]
 
-
-def _both_ways(comm: Any, nbytes: int) -> list[Moved]:
-    """What a rank counts of a collective that sends a block of `nbytes` to every peer and
-    receives one from each, as reduce_scatter.py and all_to_all.py count."""
-    rank, size = comm._transport.rank, comm._transport.size
-    return [(nbytes, (rank + step) % size, nbytes, (rank - step) % size)
-            for step in range(1, size)]

@@ -305,7 +305,7 @@ class Transport(ABC):
         general = Transport.prepare_all_inputs(self, shape, dtype, collective, call, moved)
         line = bytearray(CALL_LINE.pack(*((0, *call) if call else NO_CALL), nbytes))
         number_word = memoryview(line).cast("Q")
-        tally = self._tally(moved if moved is not None else self._every_peer(nbytes))
+        tally = self._tally(moved if moved is not None else self.every_peer(nbytes))
 
         def exchange(buf: Any, number: int) -> list[Any]:
             if self.trace is not None or self.on_transfer is not None:
@@ -318,8 +318,9 @@ class Transport(ABC):
             return move(buf, line)
         return exchange
 
-    def _every_peer(self, nbytes: int) -> list[Moved]:
-        """What `all_inputs` moves of an input of `nbytes`: to and from every peer."""
+    def every_peer(self, nbytes: int) -> list[Moved]:
+        """A block of `nbytes` to and from every peer, as `moved` (`prepare_all_inputs`)
+        counts it: what `all_inputs` moves, or a reduce-scatter's blocks."""
         return [(nbytes, (self.rank + step) % self.size, nbytes, (self.rank - step) % self.size)
                 for step in range(1, self.size)]
 

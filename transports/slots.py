@@ -357,13 +357,12 @@ class SlotTransport(Transport):
     def _isend(self, buf: Any, dst: int) -> Callable[[], None]:
         """A message that its receiver reads in place (from registered memory, or by a direct
         read) is left there: announced now, waited for later. Others go whole now."""
-        out = buf.view(numpy.uint8)
-        region = self._region_of(out) if self._registered else None
-        if region is None and not (self.single_copy and out.size >= DIRECT_BYTES):
+        region = self._region_of(buf.view(numpy.uint8)) if self._registered else None
+        if region is None and not (self.single_copy and buf.nbytes >= DIRECT_BYTES):
             return super()._isend(buf, dst)
         self.wait(self._slot_free, dst, "a free slot")
-        read_by = self._announce(dst, out.size, *region) if region else \
-            self._announce(dst, out.size, address=out.ctypes.data)
+        read_by = self._announce(dst, buf.nbytes, *region) if region else \
+            self._announce(dst, buf.nbytes, address=buf.ctypes.data)
         if self._pending is not None:
             self._check_first(dst, 1)
         return lambda: self.wait(lambda: self._has_taken(*read_by), dst,
