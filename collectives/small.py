@@ -37,7 +37,7 @@ plain, then the general path's own moves (`Communicator._message`), without the 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import numpy
 
@@ -219,11 +219,12 @@ def small_scan(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, op: str,
 
 
 def small_scatter(comm: Any, sendbuf: Any | None, recvbuf: Any | None, root: int) -> Any:
-    """`comm.scatter(sendbuf, recvbuf, root)` by the lane, or GENERAL: a scatter small enough
-    to travel inside its description (scatter.py), of blocks each rank knows the shape of (a
-    recvbuf off the root). The root publishes the description and its blocks, and each rank
-    takes its own; a description other than the one expected (the root's blocks differ) is
-    read as the general path reads it."""
+    """`comm.scatter(sendbuf, recvbuf, root)` by the lane, or GENERAL: a scatter of blocks
+    each rank knows the shape of (a recvbuf off the root). The root publishes the description
+    (scatter.py), with the blocks in it when they fit, and each rank takes its own from there;
+    larger blocks follow as messages, the root copying its own block while its peers take
+    theirs. A description other than the one expected (the root's blocks differ) is read as
+    the general path reads it."""
     transport = comm._transport
     size, rank = transport.size, transport.rank
     mine = sendbuf if rank == root else recvbuf
@@ -232,36 +233,69 @@ def small_scatter(comm: Any, sendbuf: Any | None, recvbuf: Any | None, root: int
         return GENERAL
     if rank == root:
         block = mine.shape[1:]
-        if not _in_blocks(comm, mine) or mine.nbytes > inline_bytes(size) or (
-                recvbuf is not None and not _fits(recvbuf, block, mine.dtype)):
+        if not _in_blocks(comm, mine) or (recvbuf is not None and not _fits(
+                recvbuf, block, mine.dtype)):
             return GENERAL
-    elif not mine.flags.writeable or size * mine.nbytes > inline_bytes(size):
+        inline = mine.nbytes <= inline_bytes(size)
+        if not inline and recvbuf is not None and numpy.may_share_memory(recvbuf, mine):
+            return GENERAL  # its block would be written while its peers read theirs
+    elif not mine.flags.writeable:
         return GENERAL
     else:
         block = mine.shape
+        inline = size * mine.nbytes <= inline_bytes(size)
     key = ("scatter", root, mine.dtype, block)
     publish, expected, exchange = comm._small_calls.get(key) or _learn_scatter(
-        comm, key, root, block, mine.dtype)
+        comm, key, root, block, mine.dtype, inline)
     room = description_bytes(size)
     if rank == root:
-        publish[room:room + mine.nbytes] = mine.reshape(-1).view(numpy.uint8)
+        if inline:
+            publish[room:room + mine.nbytes] = mine.reshape(-1).view(numpy.uint8)
         _exchange(comm, exchange, publish)
         result = numpy.empty(block, mine.dtype) if recvbuf is None else recvbuf
-        result[...] = mine[root]
+        if inline:
+            result[...] = mine[root]
+        else:
+            _messages(comm, lambda: _send_blocks(transport, mine, result, root))
         return result
     said = _exchange(comm, exchange, publish)[root]
-    if said[:len(expected)].tobytes() == expected:
+    if said[:len(expected)].tobytes() != expected:
+        _messages(comm, lambda: receive_described(
+            transport, said, root,
+            lambda shape, dtype: output(mine, shape, dtype, numpy).reshape(-1)))
+    elif inline:
         start = room + rank * mine.nbytes
         mine.reshape(-1).view(numpy.uint8)[...] = said[start:start + mine.nbytes]
-        return mine
+    else:
+        transport.at("scatter", (rank - root) % size - 1)
+        _messages(comm, lambda: transport.recv(mine.reshape(-1), root))
+    return mine
+
+
+def _send_blocks(transport: Any, blocks: numpy.ndarray, result: numpy.ndarray,
+                 root: int) -> None:
+    """The root's part of a scatter too large for its description, as scatter.py's: each
+    peer's block sent, starting with its right neighbour, and its own copied meanwhile."""
+    size = transport.size
+    sent = []
+    for step in range(1, size):
+        peer = (root + step) % size
+        transport.at("scatter", step - 1)
+        sent.append(transport.isend(blocks[peer:peer + 1].reshape(-1), peer))
+    result[...] = blocks[root]
+    for wait in sent:
+        wait()
+
+
+def _messages(comm: Any, move: Callable[[], Any]) -> None:
+    """`move()`, the messages that follow a lane's exchange: a ValueError leaves the
+    communicator usable (as calls.py), anything else breaks it."""
     try:
-        receive_described(transport, said, root,
-                          lambda shape, dtype: output(mine, shape, dtype, numpy).reshape(-1))
-    except BaseException as error:  # as calls.py: a ValueError leaves the communicator usable
+        move()
+    except BaseException as error:
         if not isinstance(error, (ValueError, TypeError)):
             comm._break(error)
         raise
-    return mine
 
 
 def small_message(comm: Any, sendbuf: numpy.ndarray | None, dst: int | None,
@@ -333,11 +367,12 @@ def _learn(comm: Any, key: tuple, collective: str, sendbuf: numpy.ndarray,
 
 
 def _learn_scatter(comm: Any, key: tuple, root: int, block: tuple[int, ...],
-                   dtype: numpy.dtype) -> tuple[numpy.ndarray, bytes, Any]:
-    """What the lane keeps of a kind of small scatter (`key`): what this rank publishes (the
-    root: its description, with room for the blocks written each call; the others: nothing),
-    the description the root gives when the blocks are as this rank expects them, and the
-    exchange, prepared as the general path makes it (uncounted there: each block counts)."""
+                   dtype: numpy.dtype, inline: bool) -> tuple[numpy.ndarray, bytes, Any]:
+    """What the lane keeps of a kind of scatter (`key`): what this rank publishes (the root:
+    its description, with room for the blocks written each call; the others: nothing), the
+    description the root gives when the blocks are as this rank expects them, and the
+    exchange, prepared as the general path makes it (uncounted there: each block counts, in
+    the exchange when `inline`, else as its message goes)."""
     transport = comm._transport
     if len(comm._small_calls) >= KINDS_KEPT:
         comm._small_calls.clear()
@@ -347,7 +382,7 @@ def _learn_scatter(comm: Any, key: tuple, root: int, block: tuple[int, ...],
     call = comm._descriptor("scatter", -1, None, root=root) if comm._checking else None
     exchange = transport.prepare_all_inputs(
         publish.shape, publish.dtype, "scatter", call,
-        _one_way(comm, root, math.prod(block) * dtype.itemsize, False))
+        _one_way(comm, root, math.prod(block) * dtype.itemsize, False) if inline else [])
     kind = comm._small_calls[key] = (publish, described[:length].tobytes(), exchange)
     return kind
 

@@ -375,7 +375,10 @@ def small_call_case(comm: Any, dtype: str, op: str) -> dict:
 
 
 LANES = ("broadcast", "gather", "all_gather", "reduce", "reduce_scatter", "all_to_all", "scan",
-         "exclusive scan", "sendrecv", "scatter")
+         "exclusive scan", "sendrecv", "scatter", "large scatter")
+# Elements in a block of the "large scatter": more than its description's room for blocks on
+# 3 ranks, at any itemsize, so the blocks follow as messages (scatter.py).
+LARGE_BLOCK = 1200
 
 
 def small_lanes_case(comm: Any, dtype: str, op: str) -> dict:
@@ -388,6 +391,7 @@ def small_lanes_case(comm: Any, dtype: str, op: str) -> dict:
     rank, size, root = comm.rank, comm.size, comm.size - 1
     mine = values(rank, 6, dtype).reshape(2, 3)
     blocks = values(rank, 6 * size, dtype).reshape(size, 2, 3)
+    large = values(rank, LARGE_BLOCK * size, dtype).reshape(size, LARGE_BLOCK)
     calls = {  # lane -> (input, call(method, input, recvbuf)), the method public or general
         "broadcast": (mine, lambda m, x, into: m(x.copy() if into is None else into,
                                                    root=root)),
@@ -404,6 +408,9 @@ def small_lanes_case(comm: Any, dtype: str, op: str) -> dict:
         "scatter": (blocks, lambda m, x, into: m(
             x, numpy.empty((2, 3), dtype) if into is None and x.flags.c_contiguous else into,
             root=root)),
+        "large scatter": (large, lambda m, x, into: m(
+            x, numpy.empty(LARGE_BLOCK, dtype) if into is None and x.flags.c_contiguous
+            else into, root=root)),
     }
     out: dict[str, Any] = {}
     for lane, (x, call) in calls.items():
@@ -426,7 +433,7 @@ def small_lanes_case(comm: Any, dtype: str, op: str) -> dict:
             got = {"lane": counted[0], "general": counted[1]}
             if name != "broadcast":  # (off the root, gather and reduce ignore recvbuf)
                 shape = (size, 2, 3) if name in ("gather", "all_gather", "all_to_all") \
-                    else (2, 3)
+                    else x.shape[1:] if lane == "large scatter" else (2, 3)
                 into, strided = numpy.empty(shape, dtype), _strided(numpy.empty(shape, dtype))
                 returned = call(public, x, into)
                 if name not in ("sendrecv", "scatter"):  # (these take the lane contiguous)

@@ -11,6 +11,7 @@ every transport, threads too.)
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import pytest
 
 import collectives
 from collectives.ops import identity
-from cases import LANES, assert_matches, reduce_reference, values
+from cases import LANES, LARGE_BLOCK, assert_matches, reduce_reference, values
 from launch import mpiexec
 from transports.mpi import KEPT_SIZES
 
@@ -56,6 +57,7 @@ def lane_references(dtype: str, op: str) -> dict[str, list]:
     mine = [values(r, 6, dtype).reshape(2, 3) for r in range(SIZE)]
     blocks = [values(r, 6 * SIZE, dtype).reshape(SIZE, 2, 3) for r in range(SIZE)]
     root = SIZE - 1
+    large = values(root, LARGE_BLOCK * SIZE, dtype).reshape(SIZE, LARGE_BLOCK)
     total = reduce_reference(op, mine).astype(dtype)
     return {
         "broadcast": [mine[root]] * SIZE,
@@ -70,15 +72,17 @@ def lane_references(dtype: str, op: str) -> dict[str, list]:
         + [reduce_reference(op, mine[:r]).astype(dtype) for r in range(1, SIZE)],
         "sendrecv": [mine[(r - 1) % SIZE] for r in range(SIZE)],
         "scatter": list(blocks[root]),
+        "large scatter": list(large),
     }
 
 
 @pytest.mark.parametrize("dtype, op", KINDS[:4])
 def test_every_lane_gives_the_general_paths_result_bitwise_and_counts_the_same(run, dtype, op):
     """broadcast, gather, all_gather, reduce, reduce_scatter, all_to_all, scan, sendrecv and
-    scatter take the lane once their kind is known: each result is NumPy's, bitwise the general
-    path's for the same call, in every form, and counted alike. Only rank 0's strided input
-    took the general path, and the other ranks' lanes met it in the same exchange."""
+    scatter (small, and with blocks too large for its description) take the lane once their
+    kind is known: each result is NumPy's, bitwise the general path's for the same call, in
+    every form, and counted alike. Only rank 0's strided input took the general path, and the
+    other ranks' lanes met it in the same exchange."""
     want = lane_references(dtype, op)
     for rank, outcome in enumerate(run("small_lanes_case", SIZE, "one_shot", dtype=dtype,
                                        op=op)):
@@ -198,26 +202,29 @@ if __name__ == "__main__" and sys.argv[1] == "unchecked":
         comm.close()
 
 
-def test_a_scatter_lane_reads_a_description_it_did_not_expect_as_the_general_path_does():
+@pytest.mark.parametrize("shape", [(2, 3), (40, 30)], ids=["in the description", "messages"])
+def test_a_scatter_lane_reads_a_description_it_did_not_expect_as_the_general_path_does(shape):
     """Off the root a scatter takes the lane on its recvbuf's shape; when the root's blocks
     are another shape, the rank reads the root's description as the general path does: it
-    raises that its recvbuf does not fit, and the communicator goes on."""
-    blocks = numpy.arange(18.0).reshape(3, 2, 3)
+    raises that its recvbuf does not fit (having drained its block, when blocks follow as
+    messages), and the communicator goes on."""
+    blocks = numpy.arange(3.0 * math.prod(shape)).reshape(3, *shape)
+    wrong = shape[::-1]
 
     def body(comm):
         root = 2
-        comm.scatter(blocks if comm.rank == root else None, numpy.empty((2, 3)), root=root)
-        mine = numpy.empty((3, 2) if comm.rank == 1 else (2, 3))  # as many bytes, but
+        comm.scatter(blocks if comm.rank == root else None, numpy.empty(shape), root=root)
+        mine = numpy.empty(wrong if comm.rank == 1 else shape)  # as many bytes, but
         try:
             comm.scatter(blocks if comm.rank == root else None, mine, root=root)
             said = None
         except collectives.InvalidArgumentError as error:
             said = str(error)
-        after = comm.scatter(blocks if comm.rank == root else None, numpy.empty((2, 3)),
+        after = comm.scatter(blocks if comm.rank == root else None, numpy.empty(shape),
                              root=root)
         return said, after.tolist()
 
     for rank, (said, after) in enumerate(collectives.spawn(body, 3, one_shot_bytes=1 << 20)):
-        assert said == (None if rank != 1 else "recvbuf must have shape (2, 3) and dtype "
-                        "float64; got shape (3, 2) and dtype float64"), said
+        assert said == (None if rank != 1 else f"recvbuf must have shape {shape} and dtype "
+                        f"float64; got shape {wrong} and dtype float64"), said
         assert after == blocks[rank].tolist()
