@@ -15,6 +15,13 @@ Cost: each rank sends and receives (N-1)/N S of a buffer of S bytes in N-1 steps
 possible; on a network where a message's latency dominates, Bruck's algorithm takes log2 N
 steps by forwarding blocks, at log2 N / 2 times the bytes.
 
+Where the transport lets a rank start sends before it receives (`Transport.sends_ahead`:
+MPI's Isend, a message that fits a slot), each rank instead keeps up to that many of its
+blocks under way and receives them in the same order: on ranks that outnumber cores, a rank
+then takes the blocks of every peer that has run, instead of waiting for each in its step.
+Each send is paired with a receive in the same step only in the plain form, which traced
+calls keep, as the explainer pictures it.
+
 Uneven blocks (`counts`, MPI's Alltoallv) follow the same schedule: `send_bounds[j]` is the
 block for rank j, `recv_bounds[i]` the one from rank i.
 
@@ -38,11 +45,33 @@ def pairwise_all_to_all(transport: Transport, mine: Any, work: Any,
     i's block for this rank into `work` (flat) at recv_bounds[i]. `mine` is only read."""
     rank, size = transport.rank, transport.size
     work[slice(*recv_bounds[rank])] = mine[slice(*send_bounds[rank])]
-    for step in range(size - 1):
-        dst, src = (rank + 1 + step) % size, (rank - 1 - step) % size
+    blocks = [mine[slice(*bounds)] for bounds in send_bounds]
+    ahead = min(size - 1, *(transport.sends_ahead(block.nbytes) for block in blocks))
+    if ahead < 2 or transport.trace is not None:
+        for step in range(size - 1):
+            dst, src = (rank + 1 + step) % size, (rank - 1 - step) % size
+            transport.at("all-to-all", step)
+            transport.sendrecv(blocks[dst], dst, work[slice(*recv_bounds[src])], src)
+        return
+    # Where the transport lets sends run ahead, each rank keeps `ahead` of its blocks under
+    # way: a rank receives from whichever peers have run, instead of meeting each in turn.
+    sent = []
+
+    def post(step: int) -> None:
+        dst = (rank + 1 + step) % size
         transport.at("all-to-all", step)
-        transport.sendrecv(mine[slice(*send_bounds[dst])], dst,
-                           work[slice(*recv_bounds[src])], src)
+        sent.append(transport.isend(blocks[dst], dst))
+
+    for step in range(ahead):
+        post(step)
+    for step in range(size - 1):
+        src = (rank - 1 - step) % size
+        transport.at("all-to-all", step)
+        transport.recv(work[slice(*recv_bounds[src])], src)
+        if step + ahead < size - 1:
+            post(step + ahead)
+    for wait in sent:
+        wait()
 
 
 def one_shot_all_to_all(transport: Transport, mine: Any, work: Any,

@@ -354,6 +354,13 @@ class SlotTransport(Transport):
         self.memory.copy(recvbuf.view(numpy.uint8), self._slots[src][j][:recvbuf.nbytes])
         self._consumed(src)
 
+    def sends_ahead(self, nbytes: int) -> int:
+        """A message of one segment, or one read in place, takes one slot (`_isend`): as
+        many as there are slots. A longer one streams, and waits for its receiver."""
+        if nbytes <= self.slot_bytes or self.single_copy and nbytes >= DIRECT_BYTES:
+            return SLOTS
+        return 0
+
     def _isend(self, buf: Any, dst: int) -> Callable[[], None]:
         """A message that its receiver reads in place (from registered memory, or by a direct
         read) is left there: announced now, waited for later. Others go whole now."""

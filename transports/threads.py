@@ -41,6 +41,9 @@ class ThreadTransport(Transport):
         super().__init__(rank, group.size, **options)
         self.group = group
 
+    def sends_ahead(self, nbytes: int) -> int:
+        return self.size  # a send only fills a mailbox
+
     def _sendrecv(self, sendbuf: Any | None, dst: int | None,
                   recvbuf: Any | None, src: int | None) -> None:
         if sendbuf is not None:
