@@ -29,7 +29,7 @@ from .arrays import flat_work, same_memory
 from .blocks import check_counts, exchanged, gathered, split
 from .broadcast import one_shot_broadcast, ring_broadcast
 from .calls import collective, current_device
-from .check import MessagesDiffer, agree, descriptor, disagreement, pair_agree
+from .check import agree, descriptor, disagreement, pair_agree
 from .gather import gather_to_root, one_shot_gather
 from .hierarchical import hierarchical_all_reduce
 from .naive import naive_ring_all_reduce, reduce_broadcast_all_reduce
@@ -741,17 +741,10 @@ class Communicator:
         where, said = self._messages.describe(mine, dst, into, src)
         self._usable()
         self._in_flight = True
-        transport.begin(where)
-        if self._checking:
-            transport.check_first(lambda: pair_agree(transport, said, dst, src))
-        transport.at("send" if src is None else "recv" if dst is None else "sendrecv")
-        stats = vars(transport.stats).copy()
-        try:
-            transport.sendrecv(mine, dst, into, src)
-            transport.checked()
-        except MessagesDiffer:  # found in the first exchange, before any data was taken
-            vars(transport.stats).update(stats)
-            raise
+        transport.begin(where, phase="send" if src is None else "recv" if dst is None
+                        else "sendrecv")
+        check = (lambda: pair_agree(transport, said, dst, src)) if self._checking else None
+        transport.message(mine, dst, into, src, check)
         self._messages.count(dst, src)
 
     def _in_turn(self, call: Callable[[], Any]) -> Any:

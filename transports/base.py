@@ -196,6 +196,23 @@ class Transport(ABC):
         if record is not None:
             record["end"] = time.perf_counter()
 
+    def message(self, sendbuf: Any | None, dst: int | None, recvbuf: Any | None,
+                src: int | None, check: Callable[[], None] | None) -> None:
+        """A point-to-point call's `sendrecv`, with its pair `check` (None: unchecked) made
+        first, before any data is taken (`check_first`): a MismatchError from it leaves no
+        data taken, nothing counted in `stats`, and what was sent withdrawn. A transport
+        with a shorter way for a small message overrides this."""
+        stats, phase, step = vars(self.stats).copy(), self.phase, self.step
+        if check is not None:
+            self.check_first(check)
+            self.at(phase, step)  # the check names its own phase
+        try:
+            self.sendrecv(sendbuf, dst, recvbuf, src)
+            self.checked()
+        except MismatchError:
+            vars(self.stats).update(stats)
+            raise
+
     def send(self, buf: Any, dst: int) -> None:
         """Send `buf` to `dst`; returns once `buf` may be reused."""
         self.sendrecv(buf, dst, None, None)

@@ -201,6 +201,7 @@ class SlotTransport(Transport):
         self._slots = [[d[j * self.slot_bytes:(j + 1) * self.slot_bytes] for j in range(SLOTS)]
                        for d in self._data]
         self._slot_words = [(self._slot_line + j) * WORDS for j in range(SLOTS)]
+        self._one_segment_bytes = min(self.slot_bytes, DIRECT_BYTES - 1)  # see `_one_segment`
         # Per one-shot area, our call line and the peers', as bytes: written, and compared,
         # whole.
         lines = [[ctl[(call_line + area) * LINE:][:CALL_LINE.size] for ctl in self._ctl_bytes]
@@ -265,8 +266,8 @@ class SlotTransport(Transport):
         copies")."""
         slot = self.slot_bytes
         if op is None and not self._registered \
-                and (sendbuf is None or sendbuf.nbytes <= min(slot, DIRECT_BYTES - 1)) \
-                and (recvbuf is None or recvbuf.nbytes <= min(slot, DIRECT_BYTES - 1)):
+                and (sendbuf is None or sendbuf.nbytes <= self._one_segment_bytes) \
+                and (recvbuf is None or recvbuf.nbytes <= self._one_segment_bytes):
             self._one_segment(sendbuf, dst, recvbuf, src)
             return
         out = sendbuf.view(numpy.uint8) if sendbuf is not None else None
@@ -332,6 +333,25 @@ class SlotTransport(Transport):
             self.wait(lambda: (k_out < n_out and self._slot_free())
                       or (k_in < n_in and self._find(src) is not None),
                       src if k_in < n_in else dst, "a segment" if k_in < n_in else "a free slot")
+
+    def message(self, sendbuf: Any | None, dst: int | None, recvbuf: Any | None,
+                src: int | None, check: Callable[[], None] | None) -> None:
+        """A message of at most a segment each way, untraced, goes straight to `_one_segment`
+        with its check pending, and is counted once it has moved (a mismatch withdraws what
+        was published, and counts nothing); others as `Transport.message`."""
+        if self.trace is not None or self.on_transfer is not None or self._registered \
+                or (sendbuf is not None and not 0 < sendbuf.nbytes <= self._one_segment_bytes) \
+                or (recvbuf is not None and not 0 < recvbuf.nbytes <= self._one_segment_bytes):
+            super().message(sendbuf, dst, recvbuf, src, check)
+            return
+        self._pending = check
+        self._one_segment(sendbuf, dst, recvbuf, src)
+        stats = self.stats
+        if sendbuf is not None:
+            stats.bytes_sent += sendbuf.nbytes
+            stats.messages += 1
+        if recvbuf is not None:
+            stats.bytes_received += recvbuf.nbytes
 
     def _one_segment(self, sendbuf: Any | None, dst: int | None, recvbuf: Any | None,
                      src: int | None) -> None:
