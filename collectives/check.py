@@ -201,7 +201,10 @@ def pair_agree(transport: Transport, said: dict[int, tuple[int, ...]], dst: int 
     one wait; the others, its exchange."""
     exchange = getattr(transport, "pair_inputs", None)
     heard = exchange(said) if exchange is not None else _pair_exchange(transport, said, dst, src)
-    if all(heard[peer] == mirrored(said[peer]) for peer in heard):
+    for peer, words in heard.items():
+        if words != mirrored(said[peer]):
+            break
+    else:
         return
     problems = [_pair_problem(transport.rank, peer, said[peer], heard[peer]) for peer in heard]
     raise MessagesDiffer(f"rank {transport.rank}: " + "; and ".join(p for p in problems if p))

@@ -318,8 +318,8 @@ def small_message(comm: Any, sendbuf: numpy.ndarray | None, dst: int | None,
     if recvbuf is not None and not recvbuf.flags.writeable:
         return GENERAL
     try:
-        comm._message(None if sendbuf is None else sendbuf.reshape(-1), dst,
-                      None if recvbuf is None else recvbuf.reshape(-1), src)
+        comm._message(None if sendbuf is None else _flat(sendbuf), dst,
+                      None if recvbuf is None else _flat(recvbuf), src)
     except MessagesDiffer as differ:  # both ends raise it, having taken no data
         raise MismatchError(str(differ)) from None
     except BaseException as error:  # as calls.py: a ValueError leaves the communicator usable
@@ -327,6 +327,11 @@ def small_message(comm: Any, sendbuf: numpy.ndarray | None, dst: int | None,
             comm._break(error)
         raise
     return recvbuf
+
+
+def _flat(buf: numpy.ndarray) -> numpy.ndarray:
+    """A contiguous `buf` as a flat view (itself when flat already: a view costs a message)."""
+    return buf if buf.ndim == 1 else buf.reshape(-1)
 
 
 # ---- what every lane shares ---------------------------------------------------------------

@@ -83,7 +83,7 @@ from __future__ import annotations
 
 import math
 import os
-from array import array
+import struct
 from typing import Any, Callable, Protocol
 
 import numpy
@@ -95,6 +95,7 @@ from .errors import CollectiveError, InvalidArgumentError, MismatchError, PeerFa
 from .shared_memory import SHM_DIR, free_bytes, share_regions
 
 LINE = 64  # bytes: a cache line, one counter each
+PAIR_WORDS = struct.Struct("=6Q")  # a pair line's six integers, after its turn
 PAGE = 4096
 SLOTS = 4  # a sender fills some slots while its receiver empties others
 WORDS = LINE // 8  # 8-byte words per line
@@ -428,7 +429,7 @@ class SlotTransport(Transport):
         for peer, words in said.items():
             self._pairs[peer] += 1
             line = self._pair_words(self.rank, peer, self._pairs[peer])
-            self._own[line + 1:line + 7] = array("Q", words)
+            PAIR_WORDS.pack_into(self._ctl_bytes[self.rank], (line + 1) * 8, *words)
             self._own[line] = self._pairs[peer]  # last: the words are now visible
         heard = {}
         for peer in said:
@@ -436,7 +437,7 @@ class SlotTransport(Transport):
             ctl, turn = self._ctl[peer], self._pairs[peer]
             if ctl[line] != turn:
                 self.wait(lambda: ctl[line] == turn, peer, "a message")
-            heard[peer] = tuple(ctl[line + 1:line + 7])
+            heard[peer] = PAIR_WORDS.unpack_from(self._ctl_bytes[peer], (line + 1) * 8)
         return heard
 
     def _pair_words(self, rank: int, peer: int, turn: int) -> int:
