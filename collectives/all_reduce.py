@@ -40,7 +40,8 @@ Large chunks stream through the transport in segments (`segment_bytes`), so scra
 stays bounded and a segment is reduced while the next one is on the wire.
 
 Small messages take a shorter road (`one_shot_all_reduce`): the ring's 2(N-1) steps each pay
-the latency a, while one-shot pays it about once. `auto_algorithm` picks by size.
+the latency a, while one-shot pays it about once. On ranks that outnumber the cores, large
+ones take the ring's two passes each in one step (two_shot.py). `auto_algorithm` picks.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from transports.base import ReduceOp, Transport
 
 from .chunking import chunk_bounds
 from .ring import all_gather_pass, reduce_scatter_pass
+from .two_shot import two_shot_fits
 
 
 def ring_all_reduce(transport: Transport, work: Any, op: ReduceOp, average: bool = False,
@@ -113,11 +115,17 @@ def reduce_in_rank_order(xp: Any, inputs: list[Any], op: ReduceOp, average: bool
     return out
 
 
-def auto_algorithm(transport: Transport, nbytes: int) -> str:
-    """What `algorithm="auto"` runs for a message of `nbytes`: "one_shot" up to
+def auto_algorithm(transport: Transport, count: int, itemsize: int) -> str:
+    """What `algorithm="auto"` runs for `count` elements of `itemsize` bytes: "one_shot" up to
     `transport.one_shot_bytes` (at any size where `transport.one_shot_at_any_size`), else
-    "ring", or "hierarchical" on a transport that knows its nodes (transports/hierarchical.py:
-    it has `across` nodes)."""
-    if nbytes <= transport.one_shot_bytes or transport.one_shot_at_any_size:
+    "hierarchical" on a transport that knows its nodes (transports/hierarchical.py: it has
+    `across` nodes), "two_shot" on more than 2 ranks that outnumber the cores where the
+    transport can keep their sends under way (two_shot.py), untraced, else "ring"."""
+    if count * itemsize <= transport.one_shot_bytes or transport.one_shot_at_any_size:
         return "one_shot"
-    return "hierarchical" if getattr(transport, "across", None) is not None else "ring"
+    if getattr(transport, "across", None) is not None:
+        return "hierarchical"
+    if transport.size > 2 and transport.oversubscribed and transport.trace is None \
+            and two_shot_fits(transport, count, itemsize):
+        return "two_shot"
+    return "ring"

@@ -43,6 +43,7 @@ from .small import (GENERAL, small_all_gather, small_all_reduce, small_all_to_al
                     small_broadcast, small_gather, small_message, small_reduce,
                     small_reduce_scatter, small_scan, small_scatter)
 from .timeline import Trace, record_span, write_timeline
+from .two_shot import two_shot_all_reduce
 from .work import Progress, Work
 
 # The ways `all_reduce` can run besides "auto" (which picks one-shot or the ring by size, or
@@ -51,7 +52,8 @@ from .work import Progress, Work
 ALL_REDUCE_ALGORITHMS = {"ring": ring_all_reduce, "one_shot": one_shot_all_reduce,
                          "naive_ring": naive_ring_all_reduce,
                          "reduce_broadcast": reduce_broadcast_all_reduce,
-                         "hierarchical": hierarchical_all_reduce}
+                         "hierarchical": hierarchical_all_reduce,
+                         "two_shot": two_shot_all_reduce}
 # Every call the check tells apart (check.py numbers them by their place here). Point-to-point
 # calls are checked by the two ranks they concern, not here (check.pair_agree).
 CALLS = ("all_reduce", "all_gather", "broadcast", "scatter", "reduce_scatter", "barrier",
@@ -228,8 +230,9 @@ class Communicator:
         propagates: under sum, prod and avg as in arithmetic, and min and max follow NumPy's
         `minimum` and `maximum`, which return NaN where either side is NaN. `algorithm`: "auto"
         (one-shot up to the transport's `one_shot_bytes`, else the ring, or on the
-        hierarchical transport the hierarchical one), "ring", "one_shot", "hierarchical", or
-        one of the naive all-reduces kept to teach, "naive_ring" and "reduce_broadcast".
+        hierarchical transport the hierarchical one, or on ranks that outnumber the cores the
+        two-shot one), "ring", "one_shot", "hierarchical", "two_shot", or one of the naive
+        all-reduces kept to teach, "naive_ring" and "reduce_broadcast".
         With `async_op=True` it returns a `Work` (see the class).
         """
         if algorithm == "auto" and self._small(sendbuf, async_op):
@@ -252,7 +255,7 @@ class Communicator:
         # into recvbuf first: a whole pass over memory saved.
         mine = None if in_place else flat_work(sendbuf, xp)[0]
         if algorithm == "auto":
-            name, algorithm = "all_reduce", auto_algorithm(transport, work.nbytes)
+            name, algorithm = "all_reduce", auto_algorithm(transport, work.size, work.itemsize)
         elif algorithm in ALL_REDUCE_ALGORITHMS:
             name = f"all_reduce/{algorithm}"
         else:

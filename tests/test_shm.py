@@ -375,6 +375,42 @@ def direct_scenario() -> None:
     print("direct ok", flush=True)
 
 
+def two_shot_scenario() -> None:
+    """The two-shot all-reduce (two_shot.py) on every size of chunk it takes, empty ones too,
+    in place and not, several ops and dtypes: NumPy's result, bitwise the same on every rank,
+    the same bytes and messages as the ring over all ranks; and `auto` takes it exactly where
+    ranks outnumber cores."""
+    from mpi4py import MPI
+
+    with collectives.init("shm", timeout=30) as comm:
+        rank, size, transport = comm.rank, comm.size, comm._transport
+        for count, dtype, op, in_place in [(0, "float64", "sum", False), (2, "int32", "sum", True),
+                                           (1009, "float64", "avg", False),
+                                           (70001, "float32", "max", True),
+                                           (size * 32768, "int64", "prod", False)]:
+            mine = cases.values(rank, count, dtype)
+            want = cases.reduce_reference(op, [cases.values(r, count, dtype)
+                                               for r in range(size)]).astype(dtype)
+            counted = []
+            for algorithm in ("ring", "two_shot"):
+                comm.stats.reset()
+                source = mine.copy()
+                got = comm.all_reduce(source, source if in_place else None, op=op,
+                                      algorithm=algorithm)
+                counted.append(MPI.COMM_WORLD.allreduce(  # (uneven chunks: per rank, the
+                    numpy.array([comm.stats.bytes_sent, comm.stats.bytes_received,  # two
+                                 comm.stats.messages])).tolist())  # split them otherwise)
+            cases.assert_matches(got, want, dtype)
+            every = MPI.COMM_WORLD.allgather(got.tobytes())
+            assert every == [every[0]] * size, (count, dtype, op)
+            assert counted[0] == counted[1], counted
+        chunk = transport.slot_bytes // 4  # one segment, in float32: one slot a send
+        assert size * chunk * 4 > transport.one_shot_bytes
+        picked = collectives.all_reduce.auto_algorithm(transport, size * chunk, 4)
+        assert picked == ("two_shot" if transport.oversubscribed else "ring"), picked
+    print("two_shot ok", flush=True)
+
+
 # ---- the tests -----------------------------------------------------------------------------
 
 def regions_of(output: str) -> list[str]:
@@ -398,6 +434,25 @@ def test_always_one_shot():
     job = mpiexec(3, __file__, "collectives", "4096", str(1 << 20), "1", timeout=60)
     assert job.stdout.count("collectives ok") == 3
     assert_gone(regions_of(job.stdout))
+
+
+@pytest.mark.parametrize("ranks", [3, 4])
+def test_two_shot_all_reduce_is_numpys_result_bitwise_on_every_rank(ranks):
+    job = mpiexec(ranks, __file__, "two_shot", timeout=90)
+    assert job.stdout.count("two_shot ok") == ranks
+
+
+def test_two_shot_is_refused_where_sends_cannot_run_ahead():
+    """On threads a reducing receiver takes segments, not whole messages: N-1 sends under
+    way could never be taken, so the call is refused, naming what to use instead."""
+    def body(comm):
+        try:
+            comm.all_reduce(numpy.ones(100), algorithm="two_shot")
+        except collectives.InvalidArgumentError as error:
+            return str(error)
+
+    for said in collectives.spawn(body, 3):
+        assert said is not None and "two-shot" in said and "algorithm='ring'" in said, said
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
@@ -462,6 +517,7 @@ def test_a_mismatch_found_in_the_first_exchange_withdraws_what_was_published(ran
 
 
 SCENARIOS = {"collectives": collectives_scenario, "failure": failure_scenario,
+             "two_shot": two_shot_scenario,
              "errors": errors_scenario, "registered": registered_scenario,
              "mismatch": mismatch_scenario, "direct": direct_scenario,
              "shared_failure": shared_failure_scenario, "late_share": late_share_scenario}

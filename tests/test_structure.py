@@ -18,7 +18,7 @@ TRANSPORT_BASE = {"transports", "transports.base", "transports.errors", "transpo
                   "transports.cuda", "transports.shared_memory", "transports.slots"}
 ALGORITHMS = ("all_reduce", "all_gather", "broadcast", "scatter", "reduce_scatter", "gather",
               "reduce", "all_to_all", "scan", "ring", "naive", "chunking", "ops", "blocks",
-              "point_to_point", "check", "hierarchical")
+              "point_to_point", "check", "hierarchical", "two_shot")
 
 
 def module_name(path: Path) -> str:

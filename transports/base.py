@@ -245,10 +245,11 @@ class Transport(ABC):
         self._sendrecv(buf, dst, None, None)
         return _sent
 
-    def sends_ahead(self, nbytes: int) -> int:
+    def sends_ahead(self, nbytes: int, reduced: bool = False) -> int:
         """How many messages of `nbytes` this rank may start (`isend`) before it receives
         any, each surely under way whatever its receiver is doing, so that ranks which all
-        send first never wait on each other. 0 here: a whole send may wait for its receiver."""
+        send first never wait on each other; `reduced`: received by `sendrecv_reduce`. 0 here:
+        a whole send may wait for its receiver."""
         return 0
 
     def all_inputs(self, buf: Any, counted: bool = True) -> list[Any]:

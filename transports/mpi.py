@@ -148,8 +148,9 @@ class MPITransport(Transport):
             requests.append(self.comm.Isend(_bytes(sendbuf), dst, TAG))
         self._wait_all(requests, src if recvbuf is not None else dst, "a message")
 
-    def sends_ahead(self, nbytes: int) -> int:
-        return 0 if self.staged else self.size  # MPI progresses an Isend while we receive
+    def sends_ahead(self, nbytes: int, reduced: bool = False) -> int:
+        # MPI progresses an Isend while we receive; a reducing receiver takes segments.
+        return 0 if self.staged or reduced else self.size
 
     def _isend(self, buf: Any, dst: int) -> Callable[[], None]:
         if self.staged:

@@ -375,9 +375,10 @@ class SlotTransport(Transport):
         self.memory.copy(recvbuf.view(numpy.uint8), self._slots[src][j][:recvbuf.nbytes])
         self._consumed(src)
 
-    def sends_ahead(self, nbytes: int) -> int:
+    def sends_ahead(self, nbytes: int, reduced: bool = False) -> int:
         """A message of one segment, or one read in place, takes one slot (`_isend`): as
-        many as there are slots. A longer one streams, and waits for its receiver."""
+        many as there are slots, reduced or not. A longer one streams, and waits for its
+        receiver."""
         if nbytes <= self.slot_bytes or self.single_copy and nbytes >= DIRECT_BYTES:
             return SLOTS
         return 0

@@ -41,8 +41,9 @@ class ThreadTransport(Transport):
         super().__init__(rank, group.size, **options)
         self.group = group
 
-    def sends_ahead(self, nbytes: int) -> int:
-        return self.size  # a send only fills a mailbox
+    def sends_ahead(self, nbytes: int, reduced: bool = False) -> int:
+        # A send only fills a mailbox; a reducing receiver takes segments, not one message.
+        return 0 if reduced else self.size
 
     def _sendrecv(self, sendbuf: Any | None, dst: int | None,
                   recvbuf: Any | None, src: int | None) -> None:
