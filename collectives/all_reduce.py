@@ -52,7 +52,7 @@ from transports.base import ReduceOp, Transport
 
 from .chunking import chunk_bounds
 from .ring import all_gather_pass, reduce_scatter_pass
-from .two_shot import two_shot_fits
+from .two_shot import AUTO_CHUNK_BYTES, two_shot_fits
 
 
 def ring_all_reduce(transport: Transport, work: Any, op: ReduceOp, average: bool = False,
@@ -119,13 +119,15 @@ def auto_algorithm(transport: Transport, count: int, itemsize: int) -> str:
     """What `algorithm="auto"` runs for `count` elements of `itemsize` bytes: "one_shot" up to
     `transport.one_shot_bytes` (at any size where `transport.one_shot_at_any_size`), else
     "hierarchical" on a transport that knows its nodes (transports/hierarchical.py: it has
-    `across` nodes), "two_shot" on more than 2 ranks that outnumber the cores where the
-    transport can keep their sends under way (two_shot.py), untraced, else "ring"."""
+    `across` nodes), "two_shot" on more than 2 ranks that outnumber the cores, for chunks of
+    AUTO_CHUNK_BYTES or more that the transport can keep under way (two_shot.py), untraced,
+    else "ring"."""
     if count * itemsize <= transport.one_shot_bytes or transport.one_shot_at_any_size:
         return "one_shot"
     if getattr(transport, "across", None) is not None:
         return "hierarchical"
     if transport.size > 2 and transport.oversubscribed and transport.trace is None \
+            and count // transport.size * itemsize >= AUTO_CHUNK_BYTES \
             and two_shot_fits(transport, count, itemsize):
         return "two_shot"
     return "ring"

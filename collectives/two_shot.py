@@ -22,8 +22,8 @@ outnumber the cores a rank then often waits for one that is not running, while t
 that are running yield to each other. Here a rank's first pass needs only that its peers have
 started the call, and its second that they have finished their first. It needs N-1 sends
 under way before any receive (`Transport.sends_ahead`), so it runs where the transport
-allows that, and `auto_algorithm` picks it only where ranks outnumber cores (measured in the
-README, "Against the shared-memory goals").
+allows that, and `auto_algorithm` picks it only where ranks outnumber cores, for chunks of
+AUTO_CHUNK_BYTES or more (measured in the README, "Measured: all-reduce").
 
 Every chunk is reduced on one rank, in the order r, r+1, ..., then copied: every rank ends
 with bitwise the same result (not always the ring's bits: the order of the sum differs).
@@ -37,6 +37,11 @@ from transports.base import ReduceOp, Transport
 from transports.errors import InvalidArgumentError
 
 from .chunking import chunk_bounds
+
+# `auto_algorithm` takes the two-shot all-reduce for chunks of at least this: measured on 4
+# ranks of 2 cores, in one job alternating with the ring, chunks of 512 KiB took 1.15x the
+# ring's time, 768 KiB about the same, 1 MiB 0.92x-0.97x, 2 MiB 0.82x-0.91x, 4 MiB 0.86x-0.89x.
+AUTO_CHUNK_BYTES = 1 << 20
 
 
 def two_shot_fits(transport: Transport, count: int, itemsize: int) -> bool:

@@ -322,11 +322,11 @@ def mismatch_scenario(single_copy: str) -> None:
 
 def direct_scenario() -> None:
     """Which messages go by direct read: from DIRECT_BYTES up, sent while receiving (a ring
-    step, a sendrecv) or left for the receiver while the sender works (a scatter's root); and
-    which are shared, the sender writing its part into the receiver (slots.py, "Shared
-    copies"): from DIRECT_BYTES up, sent one way, where every rank has a core. Messages on
-    either side of the threshold, one way and both ways, checked against NumPy, with the reads
-    and writes counted."""
+    step, a sendrecv) or left for the receiver while the sender works (a scatter's root: from
+    more than a segment where ranks share cores); and which are shared, the sender writing
+    its part into the receiver (slots.py, "Shared copies"): from DIRECT_BYTES up, sent one
+    way, where every rank has a core. Messages on either side of the threshold, one way and
+    both ways, checked against NumPy, with the reads and writes counted."""
     from mpi4py import MPI
 
     from transports.slots import DIRECT_BYTES
@@ -366,7 +366,8 @@ def direct_scenario() -> None:
             blocks = numpy.stack([mine + r * 0.5 for r in range(size)])  # own, whole
             got = comm.scatter(blocks, root=0)
             numpy.testing.assert_array_equal(got, mine - rank + rank * 0.5)
-            assert moved == ([("read", nbytes)] if rank and nbytes >= DIRECT_BYTES else []), \
+            assert moved == ([("read", nbytes)] if rank and nbytes >= transport.isends_read_from
+                             else []), \
                 moved
             got = comm.reduce(mine, root=0)  # reduced one way: read whole or through the slots
             if rank == 0:
@@ -404,10 +405,10 @@ def two_shot_scenario() -> None:
             every = MPI.COMM_WORLD.allgather(got.tobytes())
             assert every == [every[0]] * size, (count, dtype, op)
             assert counted[0] == counted[1], counted
-        chunk = transport.slot_bytes // 4  # one segment, in float32: one slot a send
-        assert size * chunk * 4 > transport.one_shot_bytes
-        picked = collectives.all_reduce.auto_algorithm(transport, size * chunk, 4)
-        assert picked == ("two_shot" if transport.oversubscribed else "ring"), picked
+        smallest = collectives.two_shot.AUTO_CHUNK_BYTES // 4  # float32
+        for chunk, two_shot in ((smallest, transport.oversubscribed), (smallest - 1, False)):
+            picked = collectives.all_reduce.auto_algorithm(transport, size * chunk, 4)
+            assert picked == ("two_shot" if two_shot else "ring"), (chunk, picked)
     print("two_shot ok", flush=True)
 
 
