@@ -111,22 +111,31 @@ def scatter_from_root(transport: Transport, flat: Any | None, bounds: list[tuple
         room = description_bytes(size)
         description[room:room + flat.nbytes] = flat.view(numpy.uint8)
     _describing(transport, xp.asarray(description))
-    sent = []
+    target = receive_into(shape if counts is None else (counts[root],), flat.dtype)
+    if not inline:
+        send_blocks(transport, flat, bounds, root, target)
+        return target
     for step in range(1, size):
         peer = (root + step) % size
-        if inline:
-            transport.count(flat[slice(*bounds[peer])], peer, None, None)
-        else:
-            transport.at("scatter", step - 1)
-            sent.append(transport.isend(flat[slice(*bounds[peer])], peer))
-    # Its own block while the peers take theirs (a large block is left for its rank to read:
-    # the two copies overlap).
-    mine = flat[slice(*bounds[root])]
-    target = receive_into(shape if counts is None else (counts[root],), flat.dtype)
-    target[...] = mine
+        transport.count(flat[slice(*bounds[peer])], peer, None, None)
+    target[...] = flat[slice(*bounds[root])]
+    return target
+
+
+def send_blocks(transport: Transport, flat: Any, bounds: list[tuple[int, int]], root: int,
+                own: Any) -> None:
+    """The root's messages: block r of `flat` (at bounds[r]) to each rank r, starting with
+    its right neighbour, and its own block copied into `own` (any shape of as many elements)
+    while the peers take theirs (a large block is left for its rank to read: the two copies
+    overlap)."""
+    sent = []
+    for step in range(1, transport.size):
+        peer = (root + step) % transport.size
+        transport.at("scatter", step - 1)
+        sent.append(transport.isend(flat[slice(*bounds[peer])], peer))
+    own[...] = flat[slice(*bounds[root])].reshape(own.shape)
     for wait in sent:
         wait()
-    return target
 
 
 def receive_described(transport: Transport, said: Any, root: int,

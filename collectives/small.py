@@ -48,7 +48,8 @@ from .all_reduce import reduce_in_rank_order
 from .arguments import NUMERIC, output
 from .check import MessagesDiffer
 from .scan import finish, prefix
-from .scatter import LENGTH, blank, describe, description_bytes, inline_bytes, receive_described
+from .scatter import (LENGTH, blank, describe, description_bytes, inline_bytes,
+                      receive_described, send_blocks)
 
 KINDS_KEPT = 64  # kinds of call remembered; more means a sweep of sizes, so start again
 GENERAL = object()  # what a lane returns for a call it leaves to the general path
@@ -256,7 +257,10 @@ def small_scatter(comm: Any, sendbuf: Any | None, recvbuf: Any | None, root: int
         if inline:
             result[...] = mine[root]
         else:
-            _messages(comm, lambda: _send_blocks(transport, mine, result, root))
+            count = math.prod(block)
+            bounds = [(r * count, (r + 1) * count) for r in range(size)]
+            _messages(comm, lambda: send_blocks(transport, mine.reshape(-1), bounds, root,
+                                                result))
         return result
     said = _exchange(comm, exchange, publish)[root]
     if said[:len(expected)].tobytes() != expected:
@@ -270,21 +274,6 @@ def small_scatter(comm: Any, sendbuf: Any | None, recvbuf: Any | None, root: int
         transport.at("scatter", (rank - root) % size - 1)
         _messages(comm, lambda: transport.recv(mine.reshape(-1), root))
     return mine
-
-
-def _send_blocks(transport: Any, blocks: numpy.ndarray, result: numpy.ndarray,
-                 root: int) -> None:
-    """The root's part of a scatter too large for its description, as scatter.py's: each
-    peer's block sent, starting with its right neighbour, and its own copied meanwhile."""
-    size = transport.size
-    sent = []
-    for step in range(1, size):
-        peer = (root + step) % size
-        transport.at("scatter", step - 1)
-        sent.append(transport.isend(blocks[peer:peer + 1].reshape(-1), peer))
-    result[...] = blocks[root]
-    for wait in sent:
-        wait()
 
 
 def _messages(comm: Any, move: Callable[[], Any]) -> None:
