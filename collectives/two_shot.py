@@ -8,7 +8,8 @@ The buffer is cut into N chunks, as for the ring (all_reduce.py), and rank r own
 2. All-gather. Rank r starts sending its reduced chunk to every peer, then takes each peer's
    reduced chunk into place.
 
-For 3 ranks, "to/from" per rank (each line starts its sends, then receives in that order):
+For 3 ranks, per rank (each starts its sends, then receives in that order; a test runs the
+code and checks this order):
 
     phase           rank 0          rank 1          rank 2
     reduce-scatter  sends 1, 2      sends 2, 0      sends 0, 1
@@ -40,7 +41,7 @@ from .chunking import chunk_bounds
 
 # `auto_algorithm` takes the two-shot all-reduce for chunks of at least this: measured on 4
 # ranks of 2 cores, in one job alternating with the ring, chunks of 512 KiB took 1.15x the
-# ring's time, 768 KiB about the same, 1 MiB 0.92x-0.97x, 2 MiB 0.82x-0.91x, 4 MiB 0.86x-0.89x.
+# ring's time, 768 KiB about the same, 1 MiB 0.92x-0.97x, 2 MiB 0.82x-0.91x, 4 MiB 0.85x-0.92x.
 AUTO_CHUNK_BYTES = 1 << 20
 
 

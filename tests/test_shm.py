@@ -379,8 +379,8 @@ def direct_scenario() -> None:
 def two_shot_scenario() -> None:
     """The two-shot all-reduce (two_shot.py) on every size of chunk it takes, empty ones too,
     in place and not, several ops and dtypes: NumPy's result, bitwise the same on every rank,
-    the same bytes and messages as the ring over all ranks; and `auto` takes it exactly where
-    ranks outnumber cores."""
+    the same bytes and messages as the ring over all ranks; its schedule as two_shot.py draws
+    it; and `auto` takes it exactly where ranks outnumber cores, from AUTO_CHUNK_BYTES."""
     from mpi4py import MPI
 
     with collectives.init("shm", timeout=30) as comm:
@@ -405,6 +405,16 @@ def two_shot_scenario() -> None:
             every = MPI.COMM_WORLD.allgather(got.tobytes())
             assert every == [every[0]] * size, (count, dtype, op)
             assert counted[0] == counted[1], counted
+        # The schedule above two_shot.py's code: every send started, then every receive, in
+        # the order r+1, r+2, ..., in each pass.
+        with comm.trace() as records:
+            comm.all_reduce(numpy.ones(size * 1000), algorithm="two_shot")
+        peers = [(rank + step) % size for step in range(1, size)]
+        assert [(r["kind"], r["dst"], r["src"], r["phase"]) for r in records] == [
+            *(("copy", p, None, "reduce-scatter") for p in peers),
+            *(("reduce", None, p, "reduce-scatter") for p in peers),
+            *(("copy", p, None, "all-gather") for p in peers),
+            *(("copy", None, p, "all-gather") for p in peers)], records
         smallest = collectives.two_shot.AUTO_CHUNK_BYTES // 4  # float32
         for chunk, two_shot in ((smallest, transport.oversubscribed), (smallest - 1, False)):
             picked = collectives.all_reduce.auto_algorithm(transport, size * chunk, 4)
