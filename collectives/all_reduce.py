@@ -37,7 +37,12 @@ per-byte time b, T = 2(N-1) a + 2(N-1)/N S b. Every chunk is reduced on exactly 
 then copied, so every rank ends with bitwise the same result.
 
 Large chunks stream through the transport in segments (`segment_bytes`), so scratch memory
-stays bounded and a segment is reduced while the next one is on the wire.
+stays bounded and a segment is reduced while the next one is on the wire. The last
+reduce-scatter step and the first all-gather step are one call (`Transport.reduce_forward`):
+the chunk a rank has just finished is the first it sends on. A transport that can write into
+its neighbour's memory sends each piece on as soon as it is reduced, while it is still in
+cache, as NCCL's ring does, instead of the neighbour reading the whole chunk back from memory
+afterwards (shared memory, "Forwarded results").
 
 Small messages take a shorter road (`one_shot_all_reduce`): the ring's 2(N-1) steps each pay
 the latency a, while one-shot pays it about once. On ranks that outnumber the cores, large
@@ -68,11 +73,11 @@ def ring_all_reduce(transport: Transport, work: Any, op: ReduceOp, average: bool
             work[...] = mine
         return
     bounds = chunk_bounds(work.size, size)
-    owned = reduce_scatter_pass(transport, work, bounds, op, first=0, mine=mine)
-    if average:
-        chunk = work[slice(*bounds[owned])]
-        transport.xp.true_divide(chunk, size, out=chunk)
-    all_gather_pass(transport, work, bounds, first=1)
+    # The last reduce-scatter step also makes the all-gather's first: the chunk a rank has
+    # just reduced (divided by N for an average) is the one it sends first.
+    reduce_scatter_pass(transport, work, bounds, op, first=0, mine=mine,
+                        forward=size if average else 1)
+    all_gather_pass(transport, work, bounds, first=1, start=1)
 
 
 def one_shot_all_reduce(transport: Transport, work: Any, op: ReduceOp,

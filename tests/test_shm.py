@@ -373,7 +373,68 @@ def direct_scenario() -> None:
             if rank == 0:
                 numpy.testing.assert_array_equal(
                     got, sum(mine - rank + r for r in range(size)))
+        forwarded_all_reduce(comm, moved)
     print("direct ok", flush=True)
+
+
+def forwarded_all_reduce(comm, moved: list[tuple[str, int]]) -> None:
+    """The ring's last reduce-scatter step fused with its first all-gather step (slots.py,
+    "Forwarded results"): where every rank has a core and every chunk is of DIRECT_BYTES or
+    more, each rank writes its reduced chunk into its right neighbour, a slot's worth at a
+    time; else nothing is written. Either way NumPy's result, bitwise the same on every rank,
+    counted and traced as the ring's two steps."""
+    from mpi4py import MPI
+
+    from collectives.chunking import chunk_bounds
+    from collectives.ring import ring_chunks
+    from transports.slots import DIRECT_BYTES
+
+    rank, size, transport = comm.rank, comm.size, comm._transport
+    for smallest, op, in_place in [(DIRECT_BYTES - 4, "sum", False), (DIRECT_BYTES, "sum", True),
+                                   (DIRECT_BYTES, "avg", False)]:
+        count = size * smallest // 4 + size - 1  # float32: uneven chunks, the smallest as said
+        bounds = chunk_bounds(count, size)
+        assert min(hi - lo for lo, hi in bounds) * 4 == smallest
+        mine = cases.values(rank, count, "float32")
+        want = cases.reduce_reference(op, [cases.values(r, count, "float32")
+                                           for r in range(size)]).astype("float32")
+        moved.clear()
+        comm.stats.reset()
+        with comm.trace() as records:
+            got = comm.all_reduce(mine, mine if in_place else None, op=op, algorithm="ring")
+        cases.assert_matches(got, want, "float32")
+        every = MPI.COMM_WORLD.allgather(got.tobytes())
+        assert every == [every[0]] * size, (smallest, op)
+        owned = (rank + 1) % size
+        fused = not transport.oversubscribed and smallest >= DIRECT_BYTES
+        written = sum(nbytes for kind, nbytes in moved if kind == "write")
+        assert written == ((bounds[owned][1] - bounds[owned][0]) * 4 if fused else 0), moved
+        # Counted and traced as the ring's schedule (all_reduce.py), step by step.
+        steps = [("reduce", "reduce-scatter", s) for s in range(size - 1)] \
+            + [("copy", "all-gather", s) for s in range(size - 1)]
+        assert [(r["kind"], r["phase"], r["step"]) for r in records] == steps, records
+        sent = sum(bounds[ring_chunks(rank, size, s, first)[0]][1]
+                   - bounds[ring_chunks(rank, size, s, first)[0]][0]
+                   for first in (0, 1) for s in range(size - 1)) * 4
+        assert (comm.stats.bytes_sent, comm.stats.messages) == (sent, 2 * (size - 1))
+    if transport.oversubscribed:
+        return
+    # A left neighbour that dies before it sends: its right neighbour stops at once.
+    left = (rank - 1) % size
+    if rank == 1:
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        pids, transport._pids = transport._pids, list(transport._pids)
+        transport._pids[left] = gone.pid  # as if the left neighbour had died
+        chunk = numpy.ones(DIRECT_BYTES // 4, numpy.float32)
+        try:
+            transport.reduce_forward(chunk.copy(), (rank + 1) % size, chunk.copy(), left,
+                                     numpy.add, chunk, chunk.copy(), 1, DIRECT_BYTES)
+        except collectives.PeerFailedError as error:
+            assert f"rank {left}" in str(error) and "has died" in str(error), error
+        else:
+            raise AssertionError("a dead left neighbour went unnoticed")
+        transport._pids = pids
 
 
 def two_shot_scenario() -> None:

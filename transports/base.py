@@ -196,6 +196,20 @@ class Transport(ABC):
         if record is not None:
             record["end"] = time.perf_counter()
 
+    def reduce_forward(self, sendbuf: Any, dst: int, accbuf: Any, src: int, op: ReduceOp,
+                       inbuf: Any, recvbuf: Any, divide: int, smallest: int) -> None:
+        """A ring all-reduce's last reduce-scatter step and its first all-gather step, which
+        a transport may fuse: `sendrecv_reduce(sendbuf, dst, accbuf, src, op, inbuf)`,
+        accbuf /= divide (an average; 1: none), then `sendrecv(accbuf, dst, recvbuf, src)`.
+        `smallest`, every rank's smallest ring chunk in bytes, is the same on every rank, so
+        that a transport which fuses the steps for some sizes decides alike on every rank.
+        Here the two steps are made one after the other."""
+        self.sendrecv_reduce(sendbuf, dst, accbuf, src, op, inbuf)
+        if divide != 1:
+            self.xp.true_divide(accbuf, divide, out=accbuf)
+        self.at("all-gather", 0)
+        self.sendrecv(accbuf, dst, recvbuf, src)
+
     def message(self, sendbuf: Any | None, dst: int | None, recvbuf: Any | None,
                 src: int | None, check: Callable[[], None] | None) -> None:
         """A point-to-point call's `sendrecv`, with its pair `check` (None: unchecked) made

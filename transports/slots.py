@@ -19,6 +19,8 @@ Each rank's host region holds
                            point check for peer p (`pair_inputs`), its number last
                 share p    one line per peer: for a shared message from p, which one and
                            where it lands; for ours to p, which one's part has landed
+                push p     one line per peer: where p's forwarded result lands (posts made,
+                           address, size); how many of ours to p have landed
 
 and its data memory, in the host region too or on the device, holds
 
@@ -57,6 +59,16 @@ half, where one read would copy it all: measured on 2 ranks, an 8 or 16 MiB broa
 about a fifth less time (README, "Shared memory"). A receiver that reduces the message asks
 for no part, and reads it all.
 
+Forwarded results. A ring all-reduce's last reduce-scatter step and its first all-gather
+step (`reduce_forward`) are fused where direct reads are, every rank has a core, and every
+chunk is of DIRECT_BYTES or more: each rank announces its outgoing chunk as for a direct read,
+then posts in its push line where its left neighbour's result is to land. It reads the chunk
+from its left a slot's worth at a time, reduces each piece into place, and writes the piece
+straight on into its right neighbour's posted buffer (`process_vm_writev`) while the piece is
+still in cache. Without it the right neighbour would read the whole chunk back from memory
+in a step of its own: measured on 2 ranks, a 16 MiB all-reduce of ordinary buffers takes
+about a seventh less time (README, "Shared memory").
+
 Registered memory. `register` hands out memory in a region of its own that every peer maps,
 as MPI_Win_allocate_shared does. A message sent from there takes one slot line naming the
 region and the offset, and the receiver copies, or reduces, straight out of the sender's
@@ -86,6 +98,7 @@ from __future__ import annotations
 import math
 import os
 import struct
+import time
 from typing import Any, Callable, Protocol
 
 import numpy
@@ -190,7 +203,8 @@ class SlotTransport(Transport):
         call_line = self._slot_line + SLOTS
         self._pair_line = call_line + 2
         self._share_line = self._pair_line + 2 * size
-        control = -(-(self._share_line + size) * LINE // PAGE) * PAGE
+        self._push_line = self._share_line + size
+        control = -(-(self._push_line + size) * LINE // PAGE) * PAGE
         data = SLOTS * self.slot_bytes + 2 * self._area_bytes
         nbytes = control + (data if self.memory.in_host_region else 0)
         self._check_room(nbytes)
@@ -234,6 +248,8 @@ class SlotTransport(Transport):
         self._barriers = 0
         self._one_shots = 0
         self._pairs = [0] * size  # pair checks made with each rank (`pair_inputs`)
+        self._posts = [0] * size  # forwarded results from each rank posted for (push lines)
+        self._pushes = [0] * size  # forwarded results pushed to each rank
         self._pending: Callable[[], None] | None = None  # the call's check, until made
         # The one-shot exchange of each (shape, dtype) seen: its views are made once.
         self._exchanges: dict[tuple, Callable[[Any, bytes], list[Any]]] = {}
@@ -340,6 +356,103 @@ class SlotTransport(Transport):
             self.wait(lambda: (k_out < n_out and self._slot_free())
                       or (k_in < n_in and self._find(src) is not None),
                       src if k_in < n_in else dst, "a segment" if k_in < n_in else "a free slot")
+
+    def reduce_forward(self, sendbuf: Any, dst: int, accbuf: Any, src: int, op: ReduceOp,
+                       inbuf: Any, recvbuf: Any, divide: int, smallest: int) -> None:
+        """Fused where direct reads are, every rank has a core and every chunk is of
+        DIRECT_BYTES or more (see "Forwarded results"); else as `Transport.reduce_forward`.
+        Counted, and traced, as the two steps it makes."""
+        if not self.single_copy or self.oversubscribed or smallest < DIRECT_BYTES:
+            super().reduce_forward(sendbuf, dst, accbuf, src, op, inbuf, recvbuf, divide,
+                                   smallest)
+            return
+        sendbuf, accbuf = self._check(sendbuf, dst), self._check(accbuf, src)
+        recvbuf = self._check(recvbuf, src)
+        if inbuf.shape != accbuf.shape or inbuf.dtype != accbuf.dtype:
+            raise ValueError("inbuf must match accbuf in size and dtype")
+        phase, step = self.phase, self.step
+        reduced = self._count("reduce", sendbuf, dst, accbuf, src)
+        self.at("all-gather", 0)
+        copied = self._count("copy", accbuf, dst, recvbuf, src)
+        self.at(phase, step)
+        out = sendbuf.view(numpy.uint8)
+        region = self._region_of(out) if self._registered else None
+        self.wait(self._slot_free, dst, "a free slot")
+        read_by = self._announce(dst, out.size, *region) if region else \
+            self._announce(dst, out.size, address=out.ctypes.data)
+        if self._pending is not None:
+            self._check_first(dst, 1)
+        # Where the left neighbour's result lands: posted before we wait for anything, so
+        # that no rank waits on a neighbour that waits on it.
+        self._posts[src] += 1
+        post = (self._push_line + src) * WORDS
+        self._own[post + 1], self._own[post + 2] = recvbuf.ctypes.data, recvbuf.nbytes
+        self._own[post] = self._posts[src]  # last: the left neighbour may write now
+        try:
+            self._reduce_and_push(src, dst, accbuf, op, inbuf, divide)
+            if reduced is not None:
+                reduced["end"] = time.perf_counter()
+            self.at("all-gather", 0)
+            landed = (self._push_line + self.rank) * WORDS + 3  # in src's control lines
+            self.wait(lambda: self._ctl[src][landed] >= self._posts[src], src,
+                      "its reduced chunk")
+        except BaseException:
+            _LENT.append(recvbuf)  # a live left neighbour may still write into it
+            raise
+        self.wait(lambda: self._has_taken(*read_by), dst, "its message to be read")
+        if copied is not None:
+            copied["end"] = time.perf_counter()
+
+    def _reduce_and_push(self, src: int, dst: int, accbuf: Any, op: ReduceOp, inbuf: Any,
+                         divide: int) -> None:
+        """accbuf = op(inbuf, src's announced message) / divide, a slot's worth at a time,
+        each piece written on into the buffer that `dst` posted as soon as it is reduced."""
+        j = self._find(src)
+        while j is None:
+            self.wait(lambda: self._find(src) is not None, src, "a segment")
+            j = self._find(src)
+        into = accbuf.view(numpy.uint8)
+        self._check_size(src, j, into.size)
+        address, region, offset = self._ctl[src][self._slot_words[j] + 2:self._slot_words[j] + 5]
+        posts = (self._push_line + self.rank) * WORDS  # dst's post for us, in its lines
+        turn = self._pushes[dst] + 1
+        theirs = self._ctl[dst]
+        self.wait(lambda: theirs[posts] >= turn, dst, "where its result lands")
+        target, nbytes = theirs[posts + 1], theirs[posts + 2]
+        if nbytes != into.size:
+            raise MismatchError(f"rank {self.rank} would send {into.size} bytes to rank {dst} "
+                                f"but it expects {nbytes}"
+                                + (f" during {self.where}" if self.where else ""))
+        dtype, mine, step = accbuf.dtype, inbuf.view(numpy.uint8), self.slot_bytes
+        for lo in range(0, into.size, step):
+            hi = min(lo + step, into.size)
+            if region:
+                arrived = self._registered[region - 1][src][offset + lo:offset + hi]
+            else:
+                arrived = self._scratch[:hi - lo]
+                self._move(self.memory.read, src, address + lo, arrived,
+                           f"read rank {src}'s message")
+            piece = into[lo:hi].view(dtype)
+            op(mine[lo:hi].view(dtype), arrived.view(dtype), out=piece)
+            if divide != 1:
+                self.xp.true_divide(piece, divide, out=piece)
+            self._move(self.memory.write, dst, target + lo, into[lo:hi],
+                       f"write its result into rank {dst}")
+        self._consumed(src)
+        self._pushes[dst] = turn
+        self._own[(self._push_line + dst) * WORDS + 3] = turn  # our result to dst has landed
+
+    def _move(self, move: Callable[[int, int, Any], None], peer: int, address: int, data: Any,
+              what: str) -> None:
+        """`move` (memory.read or memory.write) between `data` and `address` in `peer`'s
+        memory; if the peer died, or the kernel changed its mind, an error that says `what`
+        could not be done."""
+        try:
+            move(self._pids[peer], address, data)
+        except OSError as error:
+            self._check_peer(peer)
+            raise CollectiveError(f"rank {self.rank} could not {what}"
+                                  + (f" during {self.where}" if self.where else "")) from error
 
     def message(self, sendbuf: Any | None, dst: int | None, recvbuf: Any | None,
                 src: int | None, check: Callable[[], None] | None) -> None:
@@ -451,21 +564,16 @@ class SlotTransport(Transport):
               inbuf: Any | None) -> None:
         """Take the message at `address` in `src`'s memory: copy it into `into` in one go, or
         reduce it a slot's worth at a time through scratch that stays in cache."""
-        pid = self._pids[src]
-        try:
-            if op is None:
-                self.memory.read(pid, address, into)
-                return
-            step, mine = self.slot_bytes, inbuf.view(numpy.uint8)
-            for lo in range(0, into.size, step):
-                hi = min(lo + step, into.size)
-                landed = self._scratch[:hi - lo]
-                self.memory.read(pid, address + lo, landed)
-                op(mine[lo:hi].view(dtype), landed.view(dtype), out=into[lo:hi].view(dtype))
-        except OSError as error:  # the peer died while we read, or the kernel changed its mind
-            self._check_peer(src)
-            raise CollectiveError(f"rank {self.rank} could not read rank {src}'s message"
-                                  + (f" during {self.where}" if self.where else "")) from error
+        what = f"read rank {src}'s message"
+        if op is None:
+            self._move(self.memory.read, src, address, into, what)
+            return
+        step, mine = self.slot_bytes, inbuf.view(numpy.uint8)
+        for lo in range(0, into.size, step):
+            hi = min(lo + step, into.size)
+            landed = self._scratch[:hi - lo]
+            self._move(self.memory.read, src, address + lo, landed, what)
+            op(mine[lo:hi].view(dtype), landed.view(dtype), out=into[lo:hi].view(dtype))
 
     def _give_shared(self, read_by: tuple[int, int], out: Any) -> None:
         """The sender's side of a shared message (see "Shared copies"): once the receiver has
@@ -476,15 +584,8 @@ class SlotTransport(Transport):
         self.wait(lambda: theirs[asked] > seq or self._has_taken(dst, seq), dst,
                   "its message to be asked for")
         if theirs[asked] > seq:  # (else the receiver reduced it, reading it all)
-            address = theirs[asked + 1]
-            try:
-                self.memory.write(self._pids[dst], address, out[:_sender_part(out.size)])
-            except OSError as error:  # the peer died, or the kernel changed its mind
-                self._check_peer(dst)
-                raise CollectiveError(f"rank {self.rank} could not write its message into "
-                                      f"rank {dst}"
-                                      + (f" during {self.where}" if self.where else "")) \
-                    from error
+            self._move(self.memory.write, dst, theirs[asked + 1], out[:_sender_part(out.size)],
+                       f"write its message into rank {dst}")
         self._own[(self._share_line + dst) * WORDS + 2] = seq + 1  # our part has landed
 
     def _take_shared(self, src: int, address: int, into: Any) -> None:
