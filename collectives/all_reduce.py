@@ -57,7 +57,7 @@ from transports.base import ReduceOp, Transport
 
 from .chunking import chunk_bounds
 from .ring import all_gather_pass, reduce_scatter_pass
-from .two_shot import AUTO_CHUNK_BYTES, two_shot_fits
+from .two_shot import two_shot_pays
 
 
 def ring_all_reduce(transport: Transport, work: Any, op: ReduceOp, average: bool = False,
@@ -131,8 +131,7 @@ def auto_algorithm(transport: Transport, count: int, itemsize: int) -> str:
         return "one_shot"
     if getattr(transport, "across", None) is not None:
         return "hierarchical"
-    if transport.size > 2 and transport.oversubscribed and transport.trace is None \
-            and count // transport.size * itemsize >= AUTO_CHUNK_BYTES \
-            and two_shot_fits(transport, count, itemsize):
+    if two_shot_pays(transport,
+                     [(hi - lo) * itemsize for lo, hi in chunk_bounds(count, transport.size)]):
         return "two_shot"
     return "ring"

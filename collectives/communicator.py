@@ -36,14 +36,15 @@ from .naive import naive_ring_all_reduce, reduce_broadcast_all_reduce
 from .ops import resolve_op
 from .point_to_point import Messages
 from .reduce import one_shot_reduce, reduce_to_root
-from .reduce_scatter import one_shot_reduce_scatter, ring_reduce_scatter
+from .reduce_scatter import (one_shot_reduce_scatter, ring_reduce_scatter,
+                             two_shot_reduce_scatter)
 from .scan import finish, one_shot_scan, recursive_doubling_scan
 from .scatter import scatter_from_root
 from .small import (GENERAL, small_all_gather, small_all_reduce, small_all_to_all,
                     small_broadcast, small_gather, small_message, small_reduce,
                     small_reduce_scatter, small_scan, small_scatter)
 from .timeline import Trace, record_span, write_timeline
-from .two_shot import two_shot_all_reduce
+from .two_shot import two_shot_all_reduce, two_shot_pays
 from .work import Progress, Work
 
 # The ways `all_reduce` can run besides "auto" (which picks one-shot or the ring by size, or
@@ -504,6 +505,16 @@ class Communicator:
             out, copied = flat_work(recvbuf, xp)
             self._begin("reduce_scatter", sendbuf.size, sendbuf.dtype, op, folded=True)
             one_shot_reduce_scatter(self._transport, mine, ufunc, op == "avg", bounds, out)
+            if copied:
+                recvbuf[...] = out.reshape(recvbuf.shape)
+            return recvbuf
+        if two_shot_pays(self._transport, [(hi - lo) * mine.itemsize for lo, hi in bounds]):
+            # Where ranks outnumber the cores: every block under way at once (reduce_scatter.py).
+            out, copied = flat_work(recvbuf, xp)
+            if xp.may_share_memory(out, mine):  # (a peer may still be reading it)
+                out, copied = xp.empty_like(out), True
+            self._begin("reduce_scatter", sendbuf.size, sendbuf.dtype, op, counts=counts)
+            two_shot_reduce_scatter(self._transport, mine, out, ufunc, op == "avg", bounds)
             if copied:
                 recvbuf[...] = out.reshape(recvbuf.shape)
             return recvbuf

@@ -9,6 +9,12 @@ block but its own.
 Small buffers of equal blocks take one exchange instead (`one_shot_reduce_scatter`): every rank
 publishes its buffer, and each reduces its own block of all N in rank order, as the one-shot
 all-reduce does; one wait instead of N-1 steps.
+
+Where ranks outnumber the cores, large blocks take the two-shot all-reduce's first pass
+(`two_shot_reduce_scatter`, two_shot.py): every rank starts sending each peer its block, then
+reduces its own block from every peer as they come. A ring step waits for a left neighbour
+that may not be running; here a rank waits only for its peers to have started the call. The
+same bytes move: N-1 blocks sent and received by each rank.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from transports.base import ReduceOp, Transport
 
 from .all_reduce import reduce_in_rank_order
 from .ring import reduce_scatter_pass
+from .two_shot import reduce_own_chunk
 
 
 def ring_reduce_scatter(transport: Transport, mine: Any, work: Any, op: ReduceOp,
@@ -57,3 +64,13 @@ def one_shot_reduce_scatter(transport: Transport, mine: Any, op: ReduceOp, avera
     lo, hi = bounds[rank]
     reduce_in_rank_order(transport.xp, [theirs[lo:hi] for theirs in inputs], op, average,
                          out=out)
+
+
+def two_shot_reduce_scatter(transport: Transport, mine: Any, out: Any, op: ReduceOp,
+                            average: bool, bounds: list[tuple[int, int]]) -> None:
+    """Reduce-scatter the flat array `mine` (block r at bounds[r]) into this rank's flat block
+    `out` (apart from `mine`) by the two-shot all-reduce's first pass (`reduce_own_chunk`);
+    more than one rank, and the transport can keep N-1 blocks under way (`two_shot_pays`)."""
+    reduce_own_chunk(transport, mine, out, bounds, op)
+    if average:
+        transport.xp.true_divide(out, transport.size, out=out)

@@ -28,6 +28,9 @@ AUTO_CHUNK_BYTES or more (measured in the README, "Measured: all-reduce").
 
 Every chunk is reduced on one rank, in the order r, r+1, ..., then copied: every rank ends
 with bitwise the same result (not always the ring's bits: the order of the sum differs).
+
+The first pass alone (`reduce_own_chunk`) is a reduce-scatter, which `auto` takes where it
+would take the two-shot all-reduce (`two_shot_pays`; reduce_scatter.py).
 """
 
 from __future__ import annotations
@@ -45,13 +48,41 @@ from .chunking import chunk_bounds
 AUTO_CHUNK_BYTES = 1 << 20
 
 
-def two_shot_fits(transport: Transport, count: int, itemsize: int) -> bool:
-    """Whether the transport lets each rank have its N-1 chunks of `count` elements under
-    way at once, to receivers that reduce them (every chunk size: they differ by at most one
-    element)."""
-    size = transport.size
-    sizes = {(hi - lo) * itemsize for lo, hi in chunk_bounds(count, size)} - {0}
-    return all(transport.sends_ahead(nbytes, reduced=True) >= size - 1 for nbytes in sizes)
+def two_shot_fits(transport: Transport, chunk_bytes: list[int]) -> bool:
+    """Whether the transport lets each rank have its N-1 chunks (of these sizes, in bytes)
+    under way at once, to receivers that reduce them."""
+    return all(transport.sends_ahead(nbytes, reduced=True) >= transport.size - 1
+               for nbytes in set(chunk_bytes) - {0})
+
+
+def two_shot_pays(transport: Transport, chunk_bytes: list[int]) -> bool:
+    """Whether `auto` takes the two-shot passes for chunks of these sizes (the all-reduce,
+    and the reduce-scatter its first pass makes): on more than 2 ranks that outnumber the
+    cores, untraced (traced calls keep the ring, which the explainer pictures), every chunk
+    of AUTO_CHUNK_BYTES or more, and the transport can keep N-1 of them under way."""
+    return (transport.size > 2 and transport.oversubscribed and transport.trace is None
+            and min(chunk_bytes) >= AUTO_CHUNK_BYTES and two_shot_fits(transport, chunk_bytes))
+
+
+def reduce_own_chunk(transport: Transport, mine: Any, out: Any, bounds: list[tuple[int, int]],
+                     op: ReduceOp) -> None:
+    """The first pass: start sending chunk p of the flat `mine` (at bounds[p]) to every peer
+    p, then reduce this rank's own chunk of every peer's, in the order r+1, r+2, ..., into
+    `out`; return once the peers have taken their chunks. `out` may be this rank's own chunk
+    of `mine` (in place), which no peer reads."""
+    rank, size = transport.rank, transport.size
+    own = slice(*bounds[rank])
+    peers = [(rank + step) % size for step in range(1, size)]
+    transport.at("reduce-scatter")
+    sent = [transport.isend(mine[slice(*bounds[peer])], peer) for peer in peers]
+    for step, peer in enumerate(peers):
+        transport.at("reduce-scatter", step)
+        # The first reduction reads this rank's input where it lies; the later ones add to
+        # what the earlier ones left in `out`.
+        transport.sendrecv_reduce(None, None, out, peer, op,
+                                  inbuf=mine[own] if step == 0 else out)
+    for wait in sent:
+        wait()
 
 
 def two_shot_all_reduce(transport: Transport, work: Any, op: ReduceOp, average: bool = False,
@@ -66,25 +97,16 @@ def two_shot_all_reduce(transport: Transport, work: Any, op: ReduceOp, average: 
         if mine is not work:
             work[...] = mine
         return
-    if not two_shot_fits(transport, work.size, work.itemsize):
+    bounds = chunk_bounds(work.size, size)
+    if not two_shot_fits(transport, [(hi - lo) * work.itemsize for lo, hi in bounds]):
         raise InvalidArgumentError(
             f"the two-shot all-reduce needs {size - 1} sends under way at once, which the "
             f"{transport.name} transport cannot keep for chunks of {work.nbytes // size} "
             f"bytes; use algorithm='ring'")
-    bounds = chunk_bounds(work.size, size)
     own = slice(*bounds[rank])
     peers = [(rank + step) % size for step in range(1, size)]
-
-    transport.at("reduce-scatter")
-    sent = [transport.isend(mine[slice(*bounds[peer])], peer) for peer in peers]
-    for step, peer in enumerate(peers):
-        transport.at("reduce-scatter", step)
-        # The first reduction reads this rank's input where it lies; the later ones add to
-        # what the earlier ones left in `work`.
-        transport.sendrecv_reduce(None, None, work[own], peer, op,
-                                  inbuf=mine[own] if step == 0 else work[own])
-    for wait in sent:  # (in place, the peers' chunks of `work` are read before we write them)
-        wait()
+    # (In place, the peers' chunks of `work` are read before we write them in the second.)
+    reduce_own_chunk(transport, mine, work[own], bounds, op)
     if average:
         transport.xp.true_divide(work[own], size, out=work[own])
 

@@ -449,7 +449,8 @@ def two_shot_scenario() -> None:
     """The two-shot all-reduce (two_shot.py) on every size of chunk it takes, empty ones too,
     in place and not, several ops and dtypes: NumPy's result, bitwise the same on every rank,
     the same bytes and messages as the ring over all ranks; its schedule as two_shot.py draws
-    it; and `auto` takes it exactly where ranks outnumber cores, from AUTO_CHUNK_BYTES."""
+    it; and `auto` takes it exactly where ranks outnumber cores, from AUTO_CHUNK_BYTES, and
+    its first pass for a reduce-scatter there."""
     from mpi4py import MPI
 
     with collectives.init("shm", timeout=30) as comm:
@@ -488,6 +489,27 @@ def two_shot_scenario() -> None:
         for chunk, two_shot in ((smallest, transport.oversubscribed), (smallest - 1, False)):
             picked = collectives.all_reduce.auto_algorithm(transport, size * chunk, 4)
             assert picked == ("two_shot" if two_shot else "ring"), (chunk, picked)
+        # Its first pass is the reduce-scatter where ranks outnumber cores, from blocks of
+        # AUTO_CHUNK_BYTES: every block sent at once, then this rank's reduced from each peer.
+        block = collectives.two_shot.AUTO_CHUNK_BYTES // 8  # float64
+        peers = [(rank + step) % size for step in range(1, size)]
+        for count, op, in_place in ((block, "sum", False), (block + 3, "avg", True),
+                                    (block - 1, "max", False)):
+            inputs = [numpy.stack([cases.values(r * size + b, count, "float64")
+                                   for b in range(size)]) for r in range(size)]
+            mine, want = inputs[rank], cases.reduce_reference(op, inputs)[rank]
+            moved: list[tuple] = []
+            comm.on_transfer(lambda record: moved.append((record["kind"], record["dst"],
+                                                          record["src"])))
+            got = comm.reduce_scatter(mine, mine[rank] if in_place else None, op=op)
+            comm.on_transfer(None)
+            cases.assert_matches(got, want, "float64")
+            if transport.oversubscribed and count * 8 >= collectives.two_shot.AUTO_CHUNK_BYTES:
+                assert moved == [*(("copy", p, None) for p in peers),
+                                 *(("reduce", None, p) for p in peers)], moved
+            else:
+                right, left = (rank + 1) % size, (rank - 1) % size
+                assert moved == [("reduce", right, left)] * (size - 1), moved
     print("two_shot ok", flush=True)
 
 
