@@ -374,6 +374,10 @@ def direct_scenario() -> None:
                 numpy.testing.assert_array_equal(
                     got, sum(mine - rank + r for r in range(size)))
         forwarded_all_reduce(comm, moved)
+        if transport.oversubscribed:  # the forwarded step on more ranks, as if each had a core
+            transport.oversubscribed = False
+            forwarded_all_reduce(comm, moved)
+            transport.oversubscribed = True
     print("direct ok", flush=True)
 
 
