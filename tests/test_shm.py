@@ -13,6 +13,7 @@ are gone from /dev/shm afterwards.
 from __future__ import annotations
 
 import inspect
+import math
 import os
 import re
 import signal
@@ -350,7 +351,22 @@ def direct_scenario() -> None:
             moved.clear()
             got = comm.sendrecv(mine, right, src=left)  # both ways: a direct read, if any
             numpy.testing.assert_array_equal(got, mine - rank + left)
+            # (A middle-sized message's first road is the slots: nothing is timed yet.)
             assert moved == ([("read", nbytes)] if nbytes >= DIRECT_BYTES else []), moved
+            if nbytes < DIRECT_BYTES and transport.roads is not None:
+                # Then the road measured cheaper (`Roads`): each way in turn, timed.
+                roads, cost = transport.roads, dict(transport.roads.cost)
+                for reading in (1e-12, 1.0):  # (seconds a byte)
+                    roads.cost.update({"in": 1e-9, "out": 1e-9, "read": reading})
+                    roads.explored = math.inf  # (no exploring)
+                    roads.calls = roads.SAMPLE - 1  # (this call times the slots' copies)
+                    moved.clear()
+                    got = comm.sendrecv(mine, right, src=left)
+                    numpy.testing.assert_array_equal(got, mine - rank + left)
+                    assert moved == ([("read", nbytes)] if reading < 1e-9 else []), moved
+                    timed = ("read", reading) if reading < 1e-9 else ("out", 1e-9)
+                    assert roads.cost[timed[0]] != timed[1], roads.cost  # and timed
+                roads.cost.update(cost)
             moved.clear()
             if rank == 0:  # one way: shared where every rank has a core
                 comm.send(mine, 1)
@@ -559,6 +575,43 @@ def test_two_shot_is_refused_where_sends_cannot_run_ahead():
 
     for said in collectives.spawn(body, 3):
         assert said is not None and "two-shot" in said and "algorithm='ring'" in said, said
+
+
+def test_a_middle_sized_message_takes_the_road_measured_cheaper():
+    """`Roads`: the slots until both their copies are timed, then one direct read, then
+    whichever costs less per byte (a direct read by a margin), and the other road once every
+    EXPLORE_SECONDS. Time stands still here: the last exploration is set by hand."""
+    from transports.slots import Roads
+
+    roads = Roads()
+    assert [roads.direct() for _ in range(3)] == [False] * 3  # nothing timed yet
+    roads.took("in", 1.0, 1000)
+    roads.took("out", 1.0, 1000)  # the slots: 2 ms a MB
+    assert roads.direct()  # a direct read, to time it
+    roads.took("read", 3.0, 1000)  # dearer
+    roads.explored = math.inf  # (no exploring)
+    assert [roads.direct() for _ in range(5)] == [False] * 5
+    roads.explored = -math.inf  # time to explore: once, then the cheaper road again
+    assert [roads.direct() for _ in range(3)] == [True, False, False]
+    for _ in range(30):  # reads turn a little cheaper: not by the margin, so still the slots
+        roads.took("read", 1.9, 1000)
+    roads.explored = math.inf
+    assert not roads.direct()
+    for _ in range(30):  # then cheap: the running mean follows
+        roads.took("read", 0.5, 1000)
+    assert roads.cost["read"] < 0.6e-3 and roads.direct()
+    roads.explored = -math.inf
+    assert [roads.direct() for _ in range(3)] == [False, True, True]
+    # While the direct reads are preferred, the slots' copies are timed at every call;
+    # otherwise in one call of SAMPLE.
+    assert all(roads.sample() for _ in range(Roads.SAMPLE))
+    roads.took("read", 300.0, 1000)  # one read the scheduler interrupted: counted as 4x,
+    roads.explored = math.inf  # and the road stays
+    assert roads.cost["read"] < 1e-3 and roads.direct()
+    for _ in range(30):  # reads dear again: the slots, their copies timed in one call of SAMPLE
+        roads.took("read", 3.0, 1000)
+    assert not roads.direct()
+    assert [roads.sample() for _ in range(2 * Roads.SAMPLE)].count(True) == 2
 
 
 @pytest.mark.parametrize("ranks", [2, 4])

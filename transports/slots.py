@@ -41,8 +41,10 @@ memory, through the kernel's cross-memory attach), a message of DIRECT_BYTES or 
 rank sends while it receives one (a ring step) takes one slot line and no slot data: the
 sender writes the address of its own buffer in the line, the receiver copies it from there
 into place in one system call (or, to reduce it, READ_PIECE_BYTES at a time through scratch
-that stays in cache) and counts it consumed, and the sender returns only then, since its buffer is
-being read. Every rank of a ring then makes one copy a step instead of two. A message sent
+that stays in cache) and counts it consumed, and the sender returns only then, since its
+buffer is being read. Every rank of a ring then makes one copy a step instead of two. A copy
+of middle size (more than a segment, less than DIRECT_BYTES) goes by whichever road its sender
+has measured cheaper lately, where every rank has a core (`Roads`). A message sent
 one way only is not read this way: there sender and receiver copy through the slots at once,
 on two cores, which measured faster than one core reading it all; where every rank has a
 core, it is shared instead (below). (The receiver takes a direct message however it was sent,
@@ -180,6 +182,77 @@ def _alive(pid: int) -> bool:
     return True
 
 
+class Roads:
+    """Which road a middle-sized message takes: through the slots, or by a direct read.
+
+    Between a segment and DIRECT_BYTES neither road always wins on one machine. The slots'
+    two copies run out of the caches, and win while the two cores share theirs; where they
+    do not (cores on different L3 caches, a busy neighbour), the one copy of a direct read
+    wins (README, "Shared memory"). So each rank times its own copies of such messages and
+    sends the next one by the road that has cost it less per byte lately: through the
+    slots, a copy into a slot plus a copy out of a peer's; by direct read, a read of a
+    peer's buffer, which must cost less by a margin (DIRECT_MARGIN). Where the two cost about
+    the same, each rank of a pair would otherwise flip between them on its own, and a pair
+    whose ranks chose differently waits: the one taking the slots' segments for the other to
+    finish its read. Once every EXPLORE_SECONDS a message takes the other road, so that its
+    cost stays known (a road taken more often slowed a tight loop of calls by 5-8%). The
+    slots' copies are timed in one call of SAMPLE, and in every call while the direct reads
+    are preferred (then the slots are the road being explored); one time is let count for at
+    most OUTLIER times the running mean, so that a copy the scheduler interrupted cannot
+    hold a road shut. Only copies sent while receiving one (a
+    ring step, a sendrecv, an all-to-all step) are timed and chosen for: there every rank
+    does the same work as its peer. (The receiver takes a message however it came, so each
+    sender may choose alone.)
+    """
+
+    EXPLORE_SECONDS = 0.1
+    DIRECT_MARGIN = 0.75  # a direct read goes while it costs under 0.75x the slots' copies
+    WEIGHT = 0.25  # of the newest time in each running mean
+    SAMPLE = 16  # the slots' copies are timed a segment at a time, in one call of this many
+    OUTLIER = 4
+
+    def __init__(self) -> None:
+        self.cost: dict[str, float | None] = {"in": None, "out": None, "read": None}
+        self.explored = time.monotonic()  # when a message last took the road not chosen
+        self.calls = 0  # calls that could time the slots' copies (`sample`)
+        self.prefers_direct = False  # what the costs said last
+
+    def direct(self) -> bool:
+        """The road of the next middle-sized message: True for a direct read. The slots until
+        both their copies are timed, then one direct read, then the cheaper one."""
+        into_slot, out_of_slot, read = self.cost["in"], self.cost["out"], self.cost["read"]
+        if into_slot is None or out_of_slot is None:
+            return False
+        if read is None:
+            return True
+        self.prefers_direct = cheaper = read < self.DIRECT_MARGIN * (into_slot + out_of_slot)
+        now = time.monotonic()
+        if now - self.explored < self.EXPLORE_SECONDS:
+            return cheaper
+        self.explored = now
+        return not cheaper
+
+    def sample(self) -> bool:
+        """Whether this call times the slots' copies (a direct read is always timed: one
+        clock reading a message, where the slots take two a segment)."""
+        self.calls += 1
+        return self.prefers_direct or self.calls % self.SAMPLE == 0
+
+    def took(self, kind: str, seconds: float, nbytes: int) -> None:
+        """Fold `seconds` spent on `nbytes` of `kind` ("in", "out" or "read") into its cost."""
+        per_byte, old = seconds / nbytes, self.cost[kind]
+        self.cost[kind] = per_byte if old is None else \
+            old + self.WEIGHT * (min(per_byte, self.OUTLIER * old) - old)
+
+    def timed(self, kind: str, move: Callable[..., None]) -> Callable[..., None]:
+        """`move(piece, ...)`, its time per byte of `piece` (flat bytes) folded into `kind`."""
+        def timed_move(piece: Any, *rest: Any) -> None:
+            started = time.perf_counter()
+            move(piece, *rest)
+            self.took(kind, time.perf_counter() - started, piece.size)
+        return timed_move
+
+
 class SlotTransport(Transport):
     """Ranks of `comm` (default `MPI.COMM_WORLD`), all on one node, exchanging through slots in
     `memory`. A transport is this protocol with a name, defaults and a memory kind."""
@@ -244,6 +317,10 @@ class SlotTransport(Transport):
         # One-way messages from here up are shared (see "Shared copies"); None: none are.
         self.shares_from = DIRECT_BYTES if self.single_copy and not self.oversubscribed else None
         self._scratch = numpy.empty(READ_PIECE_BYTES, numpy.uint8) if self.single_copy else None
+        # Middle-sized messages go by the road measured cheaper (`Roads`), where either can
+        # run: direct reads work, and every rank has a core (the times of ranks that share one
+        # measure the scheduler). None: through the slots.
+        self.roads = Roads() if self.single_copy and not self.oversubscribed else None
         self._registered: list[list[Any]] = []  # per registered region: every rank's mapping
         self._registered_at: list[tuple[int, int]] = []  # per region: our mapping's [lo, hi)
         self._sent = [0] * size  # segments sent to each rank
@@ -304,8 +381,18 @@ class SlotTransport(Transport):
         region = self._region_of(out) if out is not None and self._registered else None
         shared = (shared and region is None and into is None and out is not None
                   and self.shares_from is not None and out.size >= self.shares_from)
+        roads = self.roads if op is None and out is not None and into is not None else None
+        middle = roads is not None and region is None and self._middle(out.size)
         direct = out is not None and (region is not None or shared or self.single_copy
-                                      and into is not None and out.size >= DIRECT_BYTES)
+                                      and into is not None and (out.size >= DIRECT_BYTES
+                                                                or middle and roads.direct()))
+        publish, take = self._publish, self.memory.copy
+        timed = roads is not None and self._middle(into.size)  # (what arrives: timed too)
+        if (middle and not direct or timed) and roads.sample():
+            if middle and not direct:
+                publish = roads.timed("in", publish)
+            if timed:
+                take = roads.timed("out", take)
         n_out = 0 if out is None else 1 if direct else -(-out.size // slot)
         n_in = 0 if into is None else -(-into.size // slot)
         k_out = k_in = 0
@@ -316,7 +403,7 @@ class SlotTransport(Transport):
                     read_by = self._announce(dst, out.size, *region) if region else \
                         self._announce(dst, out.size, address=out.ctypes.data, shared=shared)
                 else:
-                    self._publish(out[k_out * slot:(k_out + 1) * slot], dst, out.size)
+                    publish(out[k_out * slot:(k_out + 1) * slot], dst, out.size)
                 k_out += 1
             if self._pending is not None:
                 self._check_first(dst, k_out)
@@ -337,7 +424,10 @@ class SlotTransport(Transport):
                     elif address and self._ctl[src][line + 5] and op is None:
                         self._take_shared(src, address, into)
                     elif address:
+                        started = time.perf_counter()
                         self._read(src, address, into, recvbuf.dtype, op, inbuf)
+                        if timed:
+                            roads.took("read", time.perf_counter() - started, into.size)
                     if region or address:
                         self._consumed(src)
                         k_in = n_in
@@ -345,7 +435,7 @@ class SlotTransport(Transport):
                 piece = into[k_in * slot:(k_in + 1) * slot]
                 segment = self._slots[src][j][:piece.size]
                 if op is None:
-                    self.memory.copy(piece, segment)
+                    take(piece, segment)
                 else:
                     mine = inbuf.view(numpy.uint8)[k_in * slot:(k_in + 1) * slot]
                     self.memory.reduce(op, piece.view(recvbuf.dtype), mine.view(recvbuf.dtype),
@@ -459,6 +549,11 @@ class SlotTransport(Transport):
             self._check_peer(peer)
             raise CollectiveError(f"rank {self.rank} could not {what}"
                                   + (f" during {self.where}" if self.where else "")) from error
+
+    def _middle(self, nbytes: int) -> bool:
+        """Whether a message of `nbytes` is middle-sized: more than a segment, less than
+        DIRECT_BYTES (`Roads`)."""
+        return self._one_segment_bytes < nbytes < DIRECT_BYTES
 
     def message(self, sendbuf: Any | None, dst: int | None, recvbuf: Any | None,
                 src: int | None, check: Callable[[], None] | None) -> None:
