@@ -194,12 +194,14 @@ class Roads:
     peer's buffer, which must cost less by a margin (DIRECT_MARGIN). Where the two cost about
     the same, each rank of a pair would otherwise flip between them on its own, and a pair
     whose ranks chose differently waits: the one taking the slots' segments for the other to
-    finish its read. Once every EXPLORE_SECONDS a message takes the other road, so that its
-    cost stays known (a road taken more often slowed a tight loop of calls by 5-8%). The
-    slots' copies are timed in one call of SAMPLE, and in every call while the direct reads
-    are preferred (then the slots are the road being explored); one time is let count for at
-    most OUTLIER times the running mean, so that a copy the scheduler interrupted cannot
-    hold a road shut. Only copies sent while receiving one (a
+    finish its read. A rank first takes the slots, then direct reads, until it has WARM times
+    of each (the first few averaged plainly: a first read runs cold); after that, once every
+    EXPLORE_SECONDS a message takes the other road, so that its cost stays known (a road
+    taken more often slowed a tight loop of calls by 5-8%). The slots' copies are timed in
+    one call of SAMPLE, and in every call while the direct reads are preferred (then the
+    slots are the road being explored); one time counts for at most OUTLIER times the
+    running mean, so that a copy the scheduler interrupted cannot hold a road shut. Only
+    copies sent while receiving one (a
     ring step, a sendrecv, an all-to-all step) are timed and chosen for: there every rank
     does the same work as its peer. (The receiver takes a message however it came, so each
     sender may choose alone.)
@@ -210,21 +212,24 @@ class Roads:
     WEIGHT = 0.25  # of the newest time in each running mean
     SAMPLE = 16  # the slots' copies are timed a segment at a time, in one call of this many
     OUTLIER = 4
+    WARM = 8  # times of each kind before the roads are compared
 
     def __init__(self) -> None:
         self.cost: dict[str, float | None] = {"in": None, "out": None, "read": None}
+        self.times = {"in": 0, "out": 0, "read": 0}  # how many went into each cost
         self.explored = time.monotonic()  # when a message last took the road not chosen
         self.calls = 0  # calls that could time the slots' copies (`sample`)
         self.prefers_direct = False  # what the costs said last
 
     def direct(self) -> bool:
         """The road of the next middle-sized message: True for a direct read. The slots until
-        both their copies are timed, then one direct read, then the cheaper one."""
-        into_slot, out_of_slot, read = self.cost["in"], self.cost["out"], self.cost["read"]
-        if into_slot is None or out_of_slot is None:
+        both their copies are timed WARM times, then direct reads until they are, then the
+        cheaper road."""
+        if self._warming("in", "out"):
             return False
-        if read is None:
+        if self._warming("read"):
             return True
+        into_slot, out_of_slot, read = self.cost["in"], self.cost["out"], self.cost["read"]
         self.prefers_direct = cheaper = read < self.DIRECT_MARGIN * (into_slot + out_of_slot)
         now = time.monotonic()
         if now - self.explored < self.EXPLORE_SECONDS:
@@ -236,13 +241,19 @@ class Roads:
         """Whether this call times the slots' copies (a direct read is always timed: one
         clock reading a message, where the slots take two a segment)."""
         self.calls += 1
-        return self.prefers_direct or self.calls % self.SAMPLE == 0
+        return self.prefers_direct or self.calls % self.SAMPLE == 0 or self._warming("in", "out")
+
+    def _warming(self, *kinds: str) -> bool:
+        """Whether any of these costs has fewer than WARM times in it."""
+        return any(self.times[kind] < self.WARM for kind in kinds)
 
     def took(self, kind: str, seconds: float, nbytes: int) -> None:
         """Fold `seconds` spent on `nbytes` of `kind` ("in", "out" or "read") into its cost."""
         per_byte, old = seconds / nbytes, self.cost[kind]
+        self.times[kind] += 1
+        weight = max(self.WEIGHT, 1 / self.times[kind])  # (a plain mean of the first ones)
         self.cost[kind] = per_byte if old is None else \
-            old + self.WEIGHT * (min(per_byte, self.OUTLIER * old) - old)
+            old + weight * (min(per_byte, self.OUTLIER * old) - old)
 
     def timed(self, kind: str, move: Callable[..., None]) -> Callable[..., None]:
         """`move(piece, ...)`, its time per byte of `piece` (flat bytes) folded into `kind`."""
