@@ -378,9 +378,10 @@ class SlotTransport(Transport):
                 src: int | None, op: ReduceOp | None, inbuf: Any | None,
                 shared: bool = True) -> None:
         """Publish `sendbuf` to `dst` while taking `recvbuf` from `src`, a slot at a time or
-        by a direct read (with `op`: recvbuf = op(inbuf, what arrives)). A large message sent
-        one way only goes shared, where `shared` and every rank has a core (see "Shared
-        copies")."""
+        by a direct read (with `op`: recvbuf = op(inbuf, what arrives)). A middle-sized copy
+        goes by the road measured cheaper, and its copies are timed now and then (`Roads`).
+        A large message sent one way only goes shared, where `shared` and every rank has a
+        core (see "Shared copies")."""
         slot = self.slot_bytes
         if op is None and not self._registered \
                 and (sendbuf is None or sendbuf.nbytes <= self._one_segment_bytes) \
