@@ -190,40 +190,47 @@ class Roads:
     do not (cores on different L3 caches, a busy neighbour), the one copy of a direct read
     wins (README, "Shared memory"). So each rank times its own copies of such messages and
     sends the next one by the road that has cost it less per byte lately: through the
-    slots, a copy into a slot plus a copy out of a peer's; by direct read, a read of a
-    peer's buffer, which must cost less by a margin (DIRECT_MARGIN). Where the two cost about
-    the same, each rank of a pair would otherwise flip between them on its own, and a pair
-    whose ranks chose differently waits: the one taking the slots' segments for the other to
-    finish its read. A rank first takes the slots, then direct reads, until it has WARM times
-    of each (the first few averaged plainly: a first read runs cold); after that, once every
-    EXPLORE_SECONDS a message takes the other road, so that its cost stays known (a road
-    taken more often slowed a tight loop of calls by 5-8%). The slots' copies are timed in
-    one call of SAMPLE, and in every call while the direct reads are preferred (then the
+    slots, its copies into slots plus its copies out of a peer's; by direct read, a read of
+    a peer's buffer, which must cost less by a margin (DIRECT_MARGIN). Where the two cost
+    about the same, each rank of a pair would otherwise flip between them on its own, and a
+    pair whose ranks chose differently waits: the one taking the slots' segments for the
+    other to finish its read.
+
+    A cost is per call: the slots' copies of a message are timed a segment at a time (the
+    waits between them are not copying) and summed (`timed`, then `settle`). A rank first
+    takes the slots, then direct reads, for WARM calls each, and starts each cost at the
+    least it saw there: the first calls run cold (measured on 2 ranks at 1 MiB, the first
+    copies into slots cost 8x, the first reads 1.3x, what they cost later), and a mean of
+    them held a rank on the dearer road for as long as a benchmark runs. After that, once
+    every EXPLORE_SECONDS a message takes the other road, so that its cost stays known (a
+    road taken more often slowed a tight loop of calls by 5-8%). The slots' copies are timed
+    in one call of SAMPLE, and in every call while the direct reads are preferred (then the
     slots are the road being explored); one time counts for at most OUTLIER times the
     running mean, so that a copy the scheduler interrupted cannot hold a road shut. Only
-    copies sent while receiving one (a
-    ring step, a sendrecv, an all-to-all step) are timed and chosen for: there every rank
-    does the same work as its peer. (The receiver takes a message however it came, so each
-    sender may choose alone.)
+    copies sent while receiving one (a ring step, a sendrecv, an all-to-all step) are timed
+    and chosen for: there every rank does the same work as its peer. (The receiver takes a
+    message however it came, so each sender may choose alone.)
     """
 
     EXPLORE_SECONDS = 0.1
     DIRECT_MARGIN = 0.75  # a direct read goes while it costs under 0.75x the slots' copies
     WEIGHT = 0.25  # of the newest time in each running mean
-    SAMPLE = 16  # the slots' copies are timed a segment at a time, in one call of this many
+    SAMPLE = 16  # the slots' copies are timed in one call of this many
     OUTLIER = 4
-    WARM = 8  # times of each kind before the roads are compared
+    WARM = 8  # calls timed on each road before the roads are compared
 
     def __init__(self) -> None:
         self.cost: dict[str, float | None] = {"in": None, "out": None, "read": None}
-        self.times = {"in": 0, "out": 0, "read": 0}  # how many went into each cost
+        self.times = {"in": 0, "out": 0, "read": 0}  # how many calls went into each cost
         self.explored = time.monotonic()  # when a message last took the road not chosen
         self.calls = 0  # calls that could time the slots' copies (`sample`)
         self.prefers_direct = False  # what the costs said last
+        self._spent = {"in": 0.0, "out": 0.0}  # this call's slot copies so far: seconds,
+        self._moved = {"in": 0, "out": 0}  # and bytes
 
     def direct(self) -> bool:
         """The road of the next middle-sized message: True for a direct read. The slots until
-        both their copies are timed WARM times, then direct reads until they are, then the
+        both their copies are timed in WARM calls, then direct reads until they are, then the
         cheaper road."""
         if self._warming("in", "out"):
             return False
@@ -244,24 +251,35 @@ class Roads:
         return self.prefers_direct or self.calls % self.SAMPLE == 0 or self._warming("in", "out")
 
     def _warming(self, *kinds: str) -> bool:
-        """Whether any of these costs has fewer than WARM times in it."""
+        """Whether any of these costs has fewer than WARM calls in it."""
         return any(self.times[kind] < self.WARM for kind in kinds)
 
     def took(self, kind: str, seconds: float, nbytes: int) -> None:
-        """Fold `seconds` spent on `nbytes` of `kind` ("in", "out" or "read") into its cost."""
+        """Fold one call's `seconds` spent on `nbytes` of `kind` ("in", "out" or "read") into
+        its cost: the least while warming up, then a running mean."""
         per_byte, old = seconds / nbytes, self.cost[kind]
         self.times[kind] += 1
-        weight = max(self.WEIGHT, 1 / self.times[kind])  # (a plain mean of the first ones)
-        self.cost[kind] = per_byte if old is None else \
-            old + weight * (min(per_byte, self.OUTLIER * old) - old)
+        if old is None or self.times[kind] <= self.WARM:
+            self.cost[kind] = per_byte if old is None else min(old, per_byte)
+        else:
+            self.cost[kind] = old + self.WEIGHT * (min(per_byte, self.OUTLIER * old) - old)
 
     def timed(self, kind: str, move: Callable[..., None]) -> Callable[..., None]:
-        """`move(piece, ...)`, its time per byte of `piece` (flat bytes) folded into `kind`."""
+        """`move(piece, ...)`, its time and the bytes of `piece` (flat bytes) added to this
+        call's `kind` ("in" or "out"), for `settle`."""
         def timed_move(piece: Any, *rest: Any) -> None:
             started = time.perf_counter()
             move(piece, *rest)
-            self.took(kind, time.perf_counter() - started, piece.size)
+            self._spent[kind] += time.perf_counter() - started
+            self._moved[kind] += piece.size
         return timed_move
+
+    def settle(self) -> None:
+        """Fold the slots' copies timed in the call just made into their costs."""
+        for kind, nbytes in self._moved.items():
+            if nbytes:
+                self.took(kind, self._spent[kind], nbytes)
+                self._spent[kind], self._moved[kind] = 0.0, 0
 
 
 class SlotTransport(Transport):
@@ -400,7 +418,8 @@ class SlotTransport(Transport):
                                                                 or middle and roads.direct()))
         publish, take = self._publish, self.memory.copy
         timed = roads is not None and self._middle(into.size)  # (what arrives: timed too)
-        if (middle and not direct or timed) and roads.sample():
+        sampled = (middle and not direct or timed) and roads.sample()
+        if sampled:
             if middle and not direct:
                 publish = roads.timed("in", publish)
             if timed:
@@ -455,11 +474,12 @@ class SlotTransport(Transport):
                 self._consumed(src)
                 k_in += 1
             if k_out == n_out and k_in == n_in:
-                if read_by is None or self._has_taken(*read_by):
-                    return
-                if shared:
-                    self._give_shared(read_by, out)
-                self.wait(lambda: self._has_taken(*read_by), dst, "its message to be read")
+                if read_by is not None and not self._has_taken(*read_by):
+                    if shared:
+                        self._give_shared(read_by, out)
+                    self.wait(lambda: self._has_taken(*read_by), dst, "its message to be read")
+                if sampled:
+                    roads.settle()
                 return
             self.wait(lambda: (k_out < n_out and self._slot_free())
                       or (k_in < n_in and self._find(src) is not None),
