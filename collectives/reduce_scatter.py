@@ -29,17 +29,12 @@ from .two_shot import reduce_own_chunk
 
 
 def ring_reduce_scatter(transport: Transport, mine: Any, work: Any, op: ReduceOp,
-                        average: bool = False,
-                        bounds: list[tuple[int, int]] | None = None,
+                        average: bool = False, *, bounds: list[tuple[int, int]],
                         out: Any | None = None) -> Any:
-    """Reduce-scatter the flat array `mine`, block r at bounds[r] (by default N equal blocks),
-    using `work` (the same size) for the chunks in flight; returns block `rank` of the result:
-    `out` when given (flat, apart from `mine`), which the last step reduces into, else a view
-    of `work`."""
+    """Reduce-scatter the flat array `mine`, block r at bounds[r], using `work` (the same
+    size) for the chunks in flight; returns block `rank` of the result: `out` when given
+    (flat, apart from `mine`), which the last step reduces into, else a view of `work`."""
     size, rank = transport.size, transport.rank
-    if bounds is None:
-        block = work.size // size
-        bounds = [(r * block, (r + 1) * block) for r in range(size)]
     if size == 1:  # no steps: the input is the result
         (work if out is None else out)[...] = mine
     owned = reduce_scatter_pass(transport, work, bounds, op, first=-1, mine=mine, last=out)

@@ -101,6 +101,40 @@ def collectives_scenario(segment_bytes: str, one_shot_bytes: str, single_copy: s
     print("collectives ok", flush=True)
 
 
+def registered_send_waits_for_a_slot(comm) -> None:
+    """Rank 0 sends its registered buffer to rank 1 while taking rank 2's, but every slot of
+    rank 0 still holds a message rank 1 has not taken: it takes rank 2's message first, then,
+    once rank 1 has emptied a slot, announces its own, still as registered memory. (Rank 1
+    waits, by MPI, until rank 2 has been read.)"""
+    from mpi4py import MPI
+
+    from transports.slots import SLOTS
+
+    world, transport, count = MPI.COMM_WORLD, comm._transport, 1000
+    mine = comm.empty(count)
+    mine[...] = comm.rank
+    if comm.rank == 0:
+        sent = [transport.isend(numpy.full(10, float(k)), 1) for k in range(SLOTS)]
+        got = numpy.empty(count)
+        transport.sendrecv(mine, 1, got, 2)
+        for wait in sent:
+            wait()
+        assert (got == 2).all(), got
+    elif comm.rank == 1:
+        world.recv(source=2)
+        for k in range(SLOTS):
+            small = numpy.empty(10)
+            transport.recv(small, 0)
+            assert (small == k).all(), small
+        got = numpy.empty(count)
+        transport.recv(got, 0)
+        assert (got == 0).all(), got
+    elif comm.rank == 2:
+        transport.send(mine, 0)  # returns once rank 0 has read it
+        world.send(None, dest=1)
+    world.barrier()
+
+
 def registered_scenario() -> None:
     """Every collective from and into registered memory (comm.empty), whose messages peers
     read in place; and the errors of registering."""
@@ -132,6 +166,7 @@ def registered_scenario() -> None:
             shared[...] = 7
         comm.broadcast(shared, root=size - 1)
         assert (shared == 7).all()
+    registered_send_waits_for_a_slot(comm)
     # Every rank must ask for the same: else every rank says so, and the communicator works on.
     try:
         comm.empty(10 + rank)

@@ -1,16 +1,18 @@
 """The seam between algorithms and transports.
 
 An algorithm sees a transport as a handful of neighbour operations on flat, contiguous
-arrays: exchange (`sendrecv`), receive-and-reduce (`sendrecv_reduce`), `send`, `recv`,
-`barrier` and `close`. It never learns how the bytes move. A transport never learns which
-collective it serves.
+arrays: exchange (`sendrecv`), receive-and-reduce (`sendrecv_reduce`), `send`, `recv`, a send
+left for its receiver (`isend`), a ring all-reduce's two middle steps (`reduce_forward`),
+every rank's input (`all_inputs`), `barrier` and `close`. It never learns how the bytes move.
+A transport never learns which collective it serves.
 
 The public methods here validate their arguments once, count bytes, record a trace when one
 is asked for, and skip empty transfers (both sides agree a chunk is empty, so neither posts a
-message). Each transport overrides only the raw moves `_sendrecv`, `_barrier`, and optionally
-`_sendrecv_reduce` (the default receives into bounded scratch, then reduces) and
-`_all_inputs` (the default exchanges the call's descriptor, then copies with every peer, in
-`_exchange`).
+message). Each transport overrides the raw moves `_sendrecv` and `_barrier`, and where it has
+a shorter way, the defaults written here in the plain way: `_sendrecv_reduce` (receive into
+bounded scratch, then reduce), `_all_inputs` (the call's descriptor, then copies with every
+peer, in `_exchange`), `_isend` and `sends_ahead`, `message`, `reduce_forward`; the full list
+is in docs/architecture.md ("Adding a transport").
 """
 
 from __future__ import annotations

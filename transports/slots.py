@@ -78,10 +78,10 @@ memory: no copy at all besides the one the collective is for.
 
 A small all-reduce instead publishes its whole input in a one-shot area (`_all_inputs`), with
 its call descriptor beside it, and every rank reads every other's: one publish and one wait
-both check the call and move its data. Memory per rank, whatever the message: SLOTS * segment_bytes
-+ 2 * one_shot_bytes + the control page. A wait spins briefly, then yields the CPU
-(`Transport.wait`), and stops with PeerFailedError if the peer's process has died rather than
-wait out the timeout.
+both check the call and move its data. Memory per rank, whatever the message:
+SLOTS * segment_bytes + 2 * one_shot_bytes + the control lines (a page up to 11 ranks). A wait
+spins briefly, then yields the CPU (`Transport.wait`), and stops with PeerFailedError if the
+peer's process has died rather than wait out the timeout.
 
 Folded checks. A call whose check is handed over (`check_first`) makes it in its first
 exchange: the rank first publishes what fits in its free slots, then checks (every rank's call
@@ -101,7 +101,7 @@ import math
 import os
 import struct
 import time
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy
 from mpi4py import MPI
@@ -118,7 +118,7 @@ SLOTS = 4  # a sender fills some slots while its receiver empties others
 WORDS = LINE // 8  # 8-byte words per line
 # Messages of at least this size go by direct reads (or shared copies), where the memory kind
 # allows (see "Direct reads"): below it, measured, copies through the slots, which stay in the
-# caches, cost less.
+# caches, mostly cost less, and middle-sized ones take the road measured cheaper (`Roads`).
 DIRECT_BYTES = 4 << 20
 # A direct read that is reduced goes through scratch this much at a time: fewer system calls,
 # each pinning the peer's pages, while a piece stays in the caches to be reduced. Measured on
@@ -126,7 +126,8 @@ DIRECT_BYTES = 4 << 20
 # two steps in one job: pieces of 256 KiB made it 1.01x-1.05x faster, 512 KiB 1.07x, 1 MiB
 # 1.09x (twice), 2 MiB 1.05x.
 READ_PIECE_BYTES = 1 << 20
-# Control lines: two counters, then one per peer (consumed), then one per slot.
+# The first control lines: two counters, then one per peer (consumed); the slot, call, pair,
+# share and push lines follow (the module's docstring, and `_setup`).
 BARRIER, PUBLISHED, CONSUMED = 0, 1, 2
 KEPT_EXCHANGES = 64  # one-shot exchanges kept, one per (shape, dtype) seen
 
@@ -152,7 +153,8 @@ class MemoryKind(Protocol):
         """Wait for every earlier read of a peer's memory to finish."""
 
     def can_read(self, comm: MPI.Comm, pids: list[int], usable: bool) -> bool:
-        """Whether `read` can copy straight out of any peer's buffer, on every rank. Collective."""
+        """Whether `read` and `write` can copy straight out of, and into, any peer's buffer, on
+        every rank. Collective."""
 
     def read(self, pid: int, address: int, into: Any) -> None:
         """into[...] = the bytes at `address` in process `pid` (only used if `can_read`)."""
@@ -445,21 +447,24 @@ class SlotTransport(Transport):
                 if k_in == 0:
                     self._check_size(src, j, into.size)
                     line = self._slot_words[j]
-                    address, region, offset = self._ctl[src][line + 2:line + 5]
-                    if region:
-                        mapped = self._registered[region - 1][src][offset:offset + into.size]
+                    # Where the peer's message lies (names of their own: `region` still says
+                    # where ours does, and ours may not have gone yet).
+                    their_address, their_region, their_offset = self._ctl[src][line + 2:line + 5]
+                    if their_region:
+                        mapped = self._registered[their_region - 1][src]
+                        mapped = mapped[their_offset:their_offset + into.size]
                         if op is None:
                             into[...] = mapped
                         else:
                             op(inbuf, mapped.view(recvbuf.dtype), out=recvbuf)
-                    elif address and self._ctl[src][line + 5] and op is None:
-                        self._take_shared(src, address, into)
-                    elif address:
+                    elif their_address and self._ctl[src][line + 5] and op is None:
+                        self._take_shared(src, their_address, into)
+                    elif their_address:
                         started = time.perf_counter()
-                        self._read(src, address, into, recvbuf.dtype, op, inbuf)
+                        self._read(src, their_address, into, recvbuf.dtype, op, inbuf)
                         if timed:
                             roads.took("read", time.perf_counter() - started, into.size)
-                    if region or address:
+                    if their_region or their_address:
                         self._consumed(src)
                         k_in = n_in
                         break
@@ -510,8 +515,8 @@ class SlotTransport(Transport):
             self._announce(dst, out.size, address=out.ctypes.data)
         if self._pending is not None:
             self._check_first(dst, 1)
-        # Where the left neighbour's result lands: posted before we wait for anything, so
-        # that no rank waits on a neighbour that waits on it.
+        # Where the left neighbour's result lands: posted before we wait on either
+        # neighbour's data or post, so that no rank waits on a neighbour that waits on it.
         self._posts[src] += 1
         post = (self._push_line + src) * WORDS
         self._own[post + 1], self._own[post + 2] = recvbuf.ctypes.data, recvbuf.nbytes
@@ -551,18 +556,12 @@ class SlotTransport(Transport):
             raise MismatchError(f"rank {self.rank} would send {into.size} bytes to rank {dst} "
                                 f"but it expects {nbytes}"
                                 + (f" during {self.where}" if self.where else ""))
-        dtype, mine, step = accbuf.dtype, inbuf.view(numpy.uint8), READ_PIECE_BYTES
-        for lo in range(0, into.size, step):
-            hi = min(lo + step, into.size)
-            if region:
-                arrived = self._registered[region - 1][src][offset + lo:offset + hi]
-            else:
-                arrived = self._scratch[:hi - lo]
-                self._move(self.memory.read, src, address + lo, arrived,
-                           f"read rank {src}'s message")
-            piece = into[lo:hi].view(dtype)
-            op(mine[lo:hi].view(dtype), arrived.view(dtype), out=piece)
+        # The message: where it lies in src's memory, or our mapping of its registered memory.
+        message = self._registered[region - 1][src][offset:offset + into.size] if region \
+            else address
+        for lo, hi in self._reduced_pieces(src, message, into, accbuf.dtype, op, inbuf):
             if divide != 1:
+                piece = into[lo:hi].view(accbuf.dtype)
                 self.xp.true_divide(piece, divide, out=piece)
             self._move(self.memory.write, dst, target + lo, into[lo:hi],
                        f"write its result into rank {dst}")
@@ -676,37 +675,50 @@ class SlotTransport(Transport):
         publish and one wait per peer, in the pair lines (see "Folded checks")."""
         for peer, words in said.items():
             self._pairs[peer] += 1
-            line = self._pair_words(self.rank, peer, self._pairs[peer])
+            line = self._pair_words(peer, self._pairs[peer])
             PAIR_WORDS.pack_into(self._ctl_bytes[self.rank], (line + 1) * 8, *words)
             self._own[line] = self._pairs[peer]  # last: the words are now visible
         heard = {}
         for peer in said:
-            line = self._pair_words(peer, self.rank, self._pairs[peer])
+            line = self._pair_words(self.rank, self._pairs[peer])
             ctl, turn = self._ctl[peer], self._pairs[peer]
             if ctl[line] != turn:
                 self.wait(lambda: ctl[line] == turn, peer, "a message")
             heard[peer] = PAIR_WORDS.unpack_from(self._ctl_bytes[peer], (line + 1) * 8)
         return heard
 
-    def _pair_words(self, rank: int, peer: int, turn: int) -> int:
-        """The first word of `rank`'s pair line to `peer` for its check number `turn`: two
-        lines per peer, by turns (a peer writes turn t+2 only after reading turn t)."""
-        return (self._pair_line + 2 * peer + (turn & 1)) * WORDS
+    def _pair_words(self, to: int, turn: int) -> int:
+        """The first word, in a rank's control lines, of its pair line to rank `to` for their
+        check number `turn`: two lines per peer, by turns (a peer writes turn t+2 only after
+        reading turn t)."""
+        return (self._pair_line + 2 * to + (turn & 1)) * WORDS
 
     def _read(self, src: int, address: int, into: Any, dtype: Any, op: ReduceOp | None,
               inbuf: Any | None) -> None:
         """Take the message at `address` in `src`'s memory: copy it into `into` in one go, or
         reduce it a piece at a time through scratch that stays in cache."""
-        what = f"read rank {src}'s message"
         if op is None:
-            self._move(self.memory.read, src, address, into, what)
+            self._move(self.memory.read, src, address, into, f"read rank {src}'s message")
             return
-        step, mine = READ_PIECE_BYTES, inbuf.view(numpy.uint8)
-        for lo in range(0, into.size, step):
-            hi = min(lo + step, into.size)
-            landed = self._scratch[:hi - lo]
-            self._move(self.memory.read, src, address + lo, landed, what)
-            op(mine[lo:hi].view(dtype), landed.view(dtype), out=into[lo:hi].view(dtype))
+        for _ in self._reduced_pieces(src, address, into, dtype, op, inbuf):
+            pass
+
+    def _reduced_pieces(self, src: int, message: int | Any, into: Any, dtype: Any,
+                        op: ReduceOp, inbuf: Any) -> Iterator[tuple[int, int]]:
+        """into = op(inbuf, src's message) READ_PIECE_BYTES at a time, each piece read into
+        scratch that stays in cache (or taken where it lies: `message` is an address in
+        src's memory, or a mapping of it); yields each piece's [lo, hi) once reduced."""
+        mine = inbuf.view(numpy.uint8)
+        for lo in range(0, into.size, READ_PIECE_BYTES):
+            hi = min(lo + READ_PIECE_BYTES, into.size)
+            if isinstance(message, int):
+                arrived = self._scratch[:hi - lo]
+                self._move(self.memory.read, src, message + lo, arrived,
+                           f"read rank {src}'s message")
+            else:
+                arrived = message[lo:hi]
+            op(mine[lo:hi].view(dtype), arrived.view(dtype), out=into[lo:hi].view(dtype))
+            yield lo, hi
 
     def _give_shared(self, read_by: tuple[int, int], out: Any) -> None:
         """The sender's side of a shared message (see "Shared copies"): once the receiver has
