@@ -153,12 +153,15 @@ def _ranks(ranks: list[int]) -> str:
 # takes the peer's six in the same exchange. With one peer (a send, a recv, or a sendrecv to
 # and from one rank) that is a single exchange. With two, the first goes as the messages
 # themselves go (to dst, from src) and the second back, so the check waits in a circle only
-# where the messages would. Both ends then hold both descriptions of each message, and if
-# they differ (a count, a dtype, two ranks that both send, or both receive) both raise
+# where the messages would (a transport with lines of its own for the pair, `pair_inputs`,
+# makes both at once). Both ends then hold both descriptions of each message, and if they
+# differ (a count, a dtype, two ranks that both send, or both receive) both raise
 # MessagesDiffer (a MismatchError) before any data moves, in the same words, and can go on.
 # The first word is never a call number, so the collectives' check and this one each tell the
-# other's description from their own: a rank in a collective meets a rank in a send, and both
-# say so.
+# other's description from their own: where both travel the same way (the threads and mpi
+# transports), a rank in a collective meets a rank in a send, both say so, and the collective
+# takes back its call number (`Communicator._disagreement`). On shm they travel in lines of
+# their own, and the two ranks time out instead, each naming the other.
 
 MESSAGES = 1 << 62  # the first word of a description of messages
 _MESSAGE_FIELDS = ("number", "count", "dtype")

@@ -29,7 +29,7 @@ from .arrays import flat_work, same_memory
 from .blocks import check_counts, exchanged, gathered, split
 from .broadcast import one_shot_broadcast, ring_broadcast
 from .calls import collective, current_device
-from .check import agree, descriptor, disagreement, pair_agree
+from .check import MESSAGES, agree, descriptor, disagreement, pair_agree
 from .gather import gather_to_root, one_shot_gather
 from .hierarchical import hierarchical_all_reduce
 from .naive import naive_ring_all_reduce, reduce_broadcast_all_reduce
@@ -667,8 +667,10 @@ class Communicator:
                  src: int | None = None, *, async_op: bool = False) -> Any:
         """Send `sendbuf` to `dst` while receiving into `recvbuf` from `src` (default: `dst`),
         both at once, so ranks that all send and receive never wait on each other. `recvbuf`
-        None: a new array like `sendbuf`. Returns `recvbuf`. A rank that names itself as both
-        `dst` and `src` copies. See `send` for the check.
+        None: a new array like `sendbuf`; `recvbuf` may be `sendbuf` itself, or share its
+        memory: what is sent is then `sendbuf` as the call found it (MPI_Sendrecv_replace).
+        Returns `recvbuf`. A rank that names itself as both `dst` and `src` copies. See `send`
+        for the check.
         """
         src = dst if src is None else src
         if self._small(sendbuf, async_op):
@@ -741,6 +743,8 @@ class Communicator:
             return recvbuf
         mine = None if sendbuf is None else flat_work(sendbuf, xp)[0]
         into, copied = (None, False) if recvbuf is None else flat_work(recvbuf, xp)
+        if mine is not None and into is not None and xp.may_share_memory(mine, into):
+            mine = mine.copy()  # in place: what arrives lands where the message is yet to leave
         self._message(mine, dst, into, src)
         if copied:
             recvbuf[...] = into.reshape(recvbuf.shape)
@@ -768,7 +772,11 @@ class Communicator:
         return call()
 
     def _disagreement(self, calls: list[tuple[int, ...]]) -> str:
-        """What this rank says when ranks made the calls `calls` (check.py's descriptors)."""
+        """What this rank says when ranks made the calls `calls` (check.py's descriptors). A
+        peer in a send or a recv made no collective call, so this rank's call takes back its
+        number: the next collective of both has the same one."""
+        if any(call[0] == MESSAGES for call in calls):
+            self._calls -= 1
         return disagreement(calls, self.rank, CALLS)
 
     def _usable(self) -> None:

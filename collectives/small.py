@@ -306,6 +306,10 @@ def small_message(comm: Any, sendbuf: numpy.ndarray | None, dst: int | None,
             return GENERAL
     if recvbuf is not None and not recvbuf.flags.writeable:
         return GENERAL
+    if sendbuf is not None and recvbuf is not None and (recvbuf is sendbuf or (
+            (recvbuf.base is not None or sendbuf.base is not None)
+            and numpy.may_share_memory(recvbuf, sendbuf))):
+        return GENERAL  # in place: the general path sends a copy
     try:
         comm._message(None if sendbuf is None else _flat(sendbuf), dst,
                       None if recvbuf is None else _flat(recvbuf), src)

@@ -265,6 +265,43 @@ def mismatch_case(comm: Any, what: str) -> dict:
     return {"result": message, "after": after, "stats": vars(comm.stats).copy()}
 
 
+def collective_met_case(comm: Any, collective: str) -> dict:
+    """On 2 ranks, rank 0 makes a collective call (`collective`: "barrier", "all_reduce", or
+    "large all_reduce", past the one-shot) while rank 1 receives from it; each returns what it
+    raised, then the results of a barrier, an all-reduce and a sendrecv made afterwards."""
+    message = None
+    try:
+        if comm.rank == 1:
+            comm.recv(numpy.zeros(3), 0)
+        elif collective == "barrier":
+            comm.barrier()
+        else:
+            comm.all_reduce(numpy.ones(3 if collective == "all_reduce" else 1 << 18))
+    except Exception as error:  # noqa: BLE001 - what every rank raised is the result
+        message = f"{type(error).__name__}: {error}"
+    comm.barrier()
+    total = comm.all_reduce(values(comm.rank, 5, "float64"))
+    after = comm.sendrecv(values(comm.rank, 3, "int32"), 1 - comm.rank)
+    return {"result": message, "total": total, "after": after}
+
+
+def sendrecv_in_place_case(comm: Any) -> dict:
+    """Every rank sends its buffer right and receives its left neighbour's into the same
+    memory (`recvbuf` the buffer itself, or another view of it), small, middling and large
+    (read in place on shm): the neighbour's values, every time."""
+    rank, size = comm.rank, comm.size
+    right, left = (rank + 1) % size, (rank - 1) % size
+    wrong = []
+    for count in (3, 1 << 17, (4 << 20) // 8 + 5):
+        for view in (False, True):
+            buf = values(rank, count, "float64")
+            into = buf[:, None] if view else buf  # (the same memory, another shape)
+            got = comm.sendrecv(buf, right, into, left)
+            if got is not into or not numpy.array_equal(buf, values(left, count, "float64")):
+                wrong.append((count, view))
+    return {"result": wrong}
+
+
 def barrier_case(comm: Any) -> dict:
     comm.barrier()
     return {"result": numpy.array(comm.rank)}

@@ -84,6 +84,17 @@ def sleep(comm) -> None:
     comm.all_reduce(data(comm))
 
 
+def untaken(comm) -> None:
+    """Rank 0 sends to rank 1 while it receives from rank 2, below the call check (the
+    transport's own exchange); rank 2 sends, rank 1 takes nothing and leaves: rank 0's wait
+    names rank 1, whose part is missing, not rank 2, whose message has come."""
+    transport, big = comm._transport, data(comm, BIG)
+    if comm.rank == 0:
+        transport.sendrecv(big, 1, numpy.empty_like(big), 2)
+    elif comm.rank == 2:
+        transport.sendrecv(big, 0, None, None)
+
+
 FAULTS = {
     # Call #2 differs on rank 1: every rank raises MismatchError.
     "count": lambda c: c.all_reduce(data(c, rank_one(c, COUNT - 1, COUNT))),
@@ -94,6 +105,7 @@ FAULTS = {
     "skip": skip,
     "skip_last": skip_last,
     "sleep": sleep,
+    "untaken": untaken,
     # Rank 1 dies in the middle of call #2, after some of its messages have moved.
     "kill": lambda c: in_the_middle(c, kill_self),
     "raise": lambda c: in_the_middle(c, fail),

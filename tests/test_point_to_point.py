@@ -15,6 +15,7 @@ import re
 import numpy
 import pytest
 
+import cases
 import collectives
 from cases import values
 
@@ -141,6 +142,37 @@ def test_empty_messages_are_checked_but_move_nothing():
     with pytest.raises(collectives.MismatchError, match="count 0, float64"):
         collectives.spawn(lambda c: c.send(numpy.zeros(0), 1) if c.rank == 0
                           else c.recv(numpy.zeros(1), 0), 2, timeout=TIMEOUT)
+
+
+@pytest.mark.parametrize("collective", ["barrier", "all_reduce", "large all_reduce"])
+@pytest.mark.parametrize("where", ["threads", "mpi"])
+def test_a_receive_met_by_a_collective_raises_on_both_and_both_go_on(rank_pool, where,
+                                                                     collective):
+    """Each check meets the other's description (on mpi too, where a collective's packet is
+    longer than a message's check), both raise, and the collective takes back its number: a
+    barrier, an all-reduce and a sendrecv then work. (On shm the two checks travel in lines
+    of their own, and the two ranks time out instead, each naming the other.)"""
+    if where == "threads":
+        results = collectives.spawn(lambda comm: cases.collective_met_case(comm, collective), 2,
+                                    timeout=TIMEOUT)
+    else:
+        results = rank_pool.run("collective_met_case", 2, where, collective=collective)
+    name = collective.split()[-1]
+    said = [re.sub(r"#\d+", "#N", result["result"]) for result in results]
+    assert said[0].startswith("MismatchError: rank 0: ranks disagree: rank 1 called recv #N "
+                              f"(count 3, float64), but rank 0 called {name} #N"), said[0]
+    assert said[1] == ("MismatchError: rank 1: rank 1 calls recv #N (count 3, float64) with "
+                       "rank 0, which makes a collective call"), said[1]
+    for rank, result in enumerate(results):
+        numpy.testing.assert_array_equal(result["total"], values(0, 5, "float64")
+                                         + values(1, 5, "float64"))
+        numpy.testing.assert_array_equal(result["after"], values(1 - rank, 3, "int32"))
+
+
+def test_sendrecv_works_in_place(run):
+    """`recvbuf` is `sendbuf`, or another view of its memory: the message sent is the
+    buffer as the call found it (MPI_Sendrecv_replace), on every transport and path."""
+    assert [result["result"] for result in run("sendrecv_in_place_case", 3)] == [[]] * 3
 
 
 def test_a_receive_met_by_a_collective_raises_on_both_ranks():

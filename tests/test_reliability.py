@@ -183,6 +183,17 @@ def test_a_rank_that_does_not_come_is_named_by_the_timeout(tmp_path, transport, 
                             message), message
 
 
+@pytest.mark.parametrize("transport", POOL_TRANSPORTS)
+def test_a_send_left_untaken_names_its_receiver(tmp_path, transport):
+    """Rank 0 sends to rank 1 while receiving from rank 2, which sends; rank 1 never takes
+    it. Rank 0's timeout names rank 1, not rank 2."""
+    raised = run_fault(tmp_path, transport, "untaken")["raised"]
+    assert set(raised) == {0}, raised
+    assert re.fullmatch(f"CollectiveTimeoutError: rank 0 waited {TIMEOUT} s for [a-z ]+ from "
+                        f"rank 1 during all_reduce #1 .* on the {transport} transport",
+                        raised[0]), raised[0]
+
+
 def assert_only_noticed_rank_1(raised: dict[int, str]) -> None:
     """A rank that saw rank 1 go before mpiexec ended the job says so (shm watches pids); on
     a loaded machine its own timeout may come before the end of the job, and it says that."""

@@ -29,6 +29,7 @@ from .cuda import copy_bytes, pinned_empty, use_gpu
 from .errors import InvalidArgumentError
 
 TAG = 17
+PAIR_BYTES = 6 * 8  # a point-to-point check's six integers (check.pair_agree)
 KEPT_SIZES = 8  # one-shot packet sizes whose persistent sends are kept
 
 
@@ -141,12 +142,11 @@ class MPITransport(Transport):
             self._staged(sendbuf, dst, recvbuf, src, None, None)
             return
         self._ready()
-        requests = []
-        if recvbuf is not None:
-            requests.append(self.comm.Irecv(_bytes(recvbuf), src, TAG))
-        if sendbuf is not None:
-            requests.append(self.comm.Isend(_bytes(sendbuf), dst, TAG))
-        self._wait_all(requests, src if recvbuf is not None else dst, "a message")
+        receive = [] if recvbuf is None else [self.comm.Irecv(_bytes(recvbuf), src, TAG)]
+        send = [] if sendbuf is None else [self.comm.Isend(_bytes(sendbuf), dst, TAG)]
+        # One wait each, so that a timeout names the rank that did not come.
+        self._wait_all(receive, src, "a message")
+        self._wait_all(send, dst, "its message to be taken")
 
     def sends_ahead(self, nbytes: int, reduced: bool = False) -> int:
         # MPI progresses an Isend while we receive; a reducing receiver takes segments.
@@ -201,17 +201,18 @@ class MPITransport(Transport):
         receives = [] if recvbuf is None else segments(recvbuf.size, recvbuf.itemsize,
                                                        self.segment_bytes)
         for k in range(max(len(sends), len(receives))):
-            requests = []
+            receive, send = [], []
             if k < len(receives):
                 lo, hi = receives[k]
                 landed = incoming[: (hi - lo) * recvbuf.itemsize]
-                requests.append(self.comm.Irecv([landed, MPI.BYTE], src, TAG))
+                receive.append(self.comm.Irecv([landed, MPI.BYTE], src, TAG))
             if k < len(sends):
                 lo, hi = sends[k]
                 out = outgoing[: (hi - lo) * sendbuf.itemsize]
                 copy_bytes(out, sendbuf[lo:hi])
-                requests.append(self.comm.Isend([out, MPI.BYTE], dst, TAG))
-            self._wait_all(requests, src if k < len(receives) else dst, "a segment")
+                send.append(self.comm.Isend([out, MPI.BYTE], dst, TAG))
+            self._wait_all(receive, src, "a segment")
+            self._wait_all(send, dst, "its segment to be taken")
             if k < len(receives):
                 lo, hi = receives[k]
                 if op is None:
@@ -220,6 +221,24 @@ class MPITransport(Transport):
                     scratch = self._scratch[0][: landed.size].view(recvbuf.dtype)
                     copy_bytes(scratch, landed)
                     op(inbuf[lo:hi], scratch, out=recvbuf[lo:hi])
+
+    def pair_inputs(self, said: dict[int, tuple[int, ...]]) -> dict[int, tuple[int, ...]]:
+        """Give each peer its six integers, `said[peer]`, and take its six (check.pair_agree),
+        all at once. Each lands where a one-shot packet would (`_Landing`), which has room for
+        any: a peer in a collective call sends its packet instead, whose first six words, its
+        call's descriptor, the check then names (a receive of six words alone would be cut
+        short, an MPI error on this rank)."""
+        if self._landing is None:
+            self._landing = _Landing(self.comm, self.rank, self._peers, self.one_shot_bytes)
+        landing = self._landing.buffers
+        words = {peer: numpy.array(said[peer], numpy.uint64) for peer in said}
+        receives = [self.comm.Irecv(_bytes(landing[peer]), peer, TAG) for peer in said]
+        sends = [self.comm.Isend(_bytes(words[peer]), peer, TAG) for peer in said]
+        for peer, receive in zip(said, receives):
+            self._wait_all([receive], peer, "a message")
+        self._wait_all(sends, None, "its check to be taken")
+        return {peer: tuple(landing[peer][:PAIR_BYTES].view(numpy.uint64).tolist())
+                for peer in said}
 
     def _all_inputs(self, buf: Any, call: tuple[int, ...] | None) -> list[Any]:
         """One message per peer carries a header, the call's descriptor (zeros when no call is
