@@ -125,8 +125,8 @@ def auto_algorithm(transport: Transport, count: int, itemsize: int) -> str:
     `transport.one_shot_bytes` (at any size where `transport.one_shot_at_any_size`), else
     "hierarchical" on a transport that knows its nodes (transports/hierarchical.py: it has
     `across` nodes), "two_shot" on more than 2 ranks that outnumber the cores, for chunks of
-    AUTO_CHUNK_BYTES or more that the transport can keep under way (two_shot.py), untraced,
-    else "ring"."""
+    AUTO_CHUNK_BYTES or more that the transport can keep under way (two_shot.py), else
+    "ring". The same on every rank: nothing here differs between ranks (not tracing)."""
     if count * itemsize <= transport.one_shot_bytes or transport.one_shot_at_any_size:
         return "one_shot"
     if getattr(transport, "across", None) is not None:

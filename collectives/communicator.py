@@ -561,10 +561,11 @@ class Communicator:
         work, copied = flat_work(recvbuf, xp)
         mine = flat_work(sendbuf, xp)[0]
         transport = self._transport
-        if counts is None and self._one_shot(sendbuf) and transport.trace is None:
+        if counts is None and self._one_shot(sendbuf):
             # Small equal blocks: one exchange, which carries the call check along (and
             # publishes `mine` before anything lands in `work`, so in place needs no copy).
-            # Traced calls keep the pairwise steps, which the explainer shows.
+            # (Whether a rank traces never changes the way: ranks may differ in it. The
+            # explainer shows the pairwise steps with one_shot_bytes=0.)
             self._begin("all_to_all", total, sendbuf.dtype, folded=True)
             one_shot_all_to_all(transport, mine, work, send_bounds)
         else:
@@ -602,10 +603,10 @@ class Communicator:
         work, copied = flat_work(recvbuf, xp)
         name = "scan/exclusive" if exclusive else "scan"
         transport = self._transport
-        if self._one_shot(sendbuf) and transport.trace is None:
+        if self._one_shot(sendbuf):
             # Small: one exchange, which carries the call check along (and publishes the
-            # input before the result is written, so in place needs no copy). Traced calls
-            # keep the doubling steps, which the explainer shows.
+            # input before the result is written, so in place needs no copy). The explainer
+            # shows the doubling steps with one_shot_bytes=0.
             self._begin(name, sendbuf.size, sendbuf.dtype, op, folded=True)
             one_shot_scan(transport, flat_work(sendbuf, xp)[0], work, ufunc, exclusive)
         else:

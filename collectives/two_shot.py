@@ -24,8 +24,7 @@ that are running yield to each other. Here a rank's first pass needs only that i
 started the call, and its second that they have finished their first. It needs N-1 sends
 under way before any receive (`Transport.sends_ahead`), so it runs where the transport
 allows that, and `auto_algorithm` picks it only where more than 2 ranks outnumber the cores,
-for untraced calls with chunks of AUTO_CHUNK_BYTES or more (measured in the README,
-"Measured: all-reduce").
+for chunks of AUTO_CHUNK_BYTES or more (measured in the README, "Measured: all-reduce").
 
 Every chunk is reduced on one rank, in the order r, r+1, ..., then copied: every rank ends
 with bitwise the same result (not always the ring's bits: the order of the sum differs).
@@ -59,9 +58,9 @@ def two_shot_fits(transport: Transport, chunk_bytes: list[int]) -> bool:
 def two_shot_pays(transport: Transport, chunk_bytes: list[int]) -> bool:
     """Whether `auto` takes the two-shot passes for chunks of these sizes (the all-reduce,
     and the reduce-scatter its first pass makes): on more than 2 ranks that outnumber the
-    cores, untraced (traced calls keep the ring, which the explainer pictures), every chunk
-    of AUTO_CHUNK_BYTES or more, and the transport can keep N-1 of them under way."""
-    return (transport.size > 2 and transport.oversubscribed and transport.trace is None
+    cores, every chunk of AUTO_CHUNK_BYTES or more, and the transport can keep N-1 of them
+    under way. (Not whether a rank traces: ranks may differ in that, and must choose alike.)"""
+    return (transport.size > 2 and transport.oversubscribed
             and min(chunk_bytes) >= AUTO_CHUNK_BYTES and two_shot_fits(transport, chunk_bytes))
 
 

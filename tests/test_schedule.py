@@ -277,3 +277,25 @@ def test_broadcast_reaches_each_rank_exactly_once(run, size, root):
         stats = result["stats"]
         assert stats["bytes_received"] == (0 if rank == root else count * 4), rank
         assert stats["bytes_sent"] == (0 if rank == last or size == 1 else count * 4), rank
+
+
+def test_a_call_traced_on_one_rank_takes_the_way_of_the_others():
+    """Tracing is a rank's own affair: where a call could take one exchange or steps (a
+    small all-to-all, a small scan), a rank that traces chooses as its peers do, and every
+    rank gets NumPy's result."""
+    def body(comm):
+        blocks = numpy.arange(comm.size * 2.0).reshape(comm.size, 2) + 10 * comm.rank
+        mine = numpy.arange(4.0) + comm.rank
+        if comm.rank == 0:
+            with comm.trace():
+                return comm.all_to_all(blocks), comm.scan(mine)
+        return comm.all_to_all(blocks), comm.scan(mine)
+
+    size = 3
+    for rank, (exchanged, scanned) in enumerate(collectives.spawn(body, size, timeout=5,
+                                                                  one_shot_bytes=1 << 16)):
+        numpy.testing.assert_array_equal(
+            exchanged, numpy.arange(size * 2.0).reshape(size, 2)[rank] + 10 * numpy.arange(
+                size)[:, None])
+        numpy.testing.assert_array_equal(scanned, sum(numpy.arange(4.0) + r
+                                                      for r in range(rank + 1)))
