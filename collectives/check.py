@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy
 
-from transports.base import Transport
+from transports.base import MESSAGES, Transport
 from transports.errors import MismatchError
 
 from .ops import OPS
@@ -158,12 +158,11 @@ def _ranks(ranks: list[int]) -> str:
 # differ (a count, a dtype, two ranks that both send, or both receive) both raise
 # MessagesDiffer (a MismatchError) before any data moves, in the same words, and can go on.
 # The first word is never a call number, so the collectives' check and this one each tell the
-# other's description from their own: where both travel the same way (the threads and mpi
-# transports), a rank in a collective meets a rank in a send, both say so, and the collective
-# takes back its call number (`Communicator._disagreement`). On shm they travel in lines of
-# their own, and the two ranks time out instead, each naming the other.
+# other's description from their own: a rank in a collective meets a rank in a send, both say
+# so, and the collective takes back its call number (`Communicator._disagreement`). (On shm,
+# where the two travel in lines of their own, each answers the other's: slots.py, "Folded
+# checks".)
 
-MESSAGES = 1 << 62  # the first word of a description of messages
 _MESSAGE_FIELDS = ("number", "count", "dtype")
 
 

@@ -145,13 +145,13 @@ def test_empty_messages_are_checked_but_move_nothing():
 
 
 @pytest.mark.parametrize("collective", ["barrier", "all_reduce", "large all_reduce"])
-@pytest.mark.parametrize("where", ["threads", "mpi"])
+@pytest.mark.parametrize("where", ["threads", "mpi", "shm"])
 def test_a_receive_met_by_a_collective_raises_on_both_and_both_go_on(rank_pool, where,
                                                                      collective):
-    """Each check meets the other's description (on mpi too, where a collective's packet is
-    longer than a message's check), both raise, and the collective takes back its number: a
-    barrier, an all-reduce and a sendrecv then work. (On shm the two checks travel in lines
-    of their own, and the two ranks time out instead, each naming the other.)"""
+    """Each check meets the other's description (on mpi, where a collective's packet is
+    longer than a message's check; on shm, where each answers the other's line), both
+    raise, and the collective takes back its number: a barrier, an all-reduce and a
+    sendrecv then work."""
     if where == "threads":
         results = collectives.spawn(lambda comm: cases.collective_met_case(comm, collective), 2,
                                     timeout=TIMEOUT)

@@ -43,6 +43,9 @@ CALL_WORDS = 6  # a call's descriptor: six non-negative integers (collectives/ch
 # headers): the call's descriptor, zeros when no call is checked, then the input's size.
 CALL_LINE = struct.Struct(f"{CALL_WORDS + 1}Q")
 NO_CALL = (0,) * CALL_WORDS
+# The first word of a point-to-point check's six integers, never a call number: a rank in a
+# collective tells a message's check from a call's by it (collectives/check.py).
+MESSAGES = 1 << 62
 DEFAULT_TIMEOUT_S = 300.0
 
 

@@ -88,7 +88,11 @@ exchange: the rank first publishes what fits in its free slots, then checks (eve
 descriptor through the one-shot lines, or a message's two ends through their pair lines,
 `pair_inputs`), and only then takes its peers' data. Its copy in overlaps the wait for the
 others instead of following a check made apart. On a mismatch no data has been taken: each
-rank withdraws what it published, and raises.
+rank withdraws what it published, and raises. A rank whose message's check waits for a peer
+that has published a one-shot turn it has not (the peer is in a collective call) publishes
+that turn too, the check's six integers as its call line; the peer, seeing them, answers the
+check with its call's descriptor (`_answer_collective`, `_answer_messages`). Both then raise,
+having taken each other's turn, so the next call of each lines up.
 
 The protocol is the same whatever memory the data lives in; a memory kind (`MemoryKind`) says
 where, and how to copy and reduce there. The control lines always stay in host shared memory,
@@ -106,7 +110,7 @@ from typing import Any, Callable, Iterator, Protocol
 import numpy
 from mpi4py import MPI
 
-from .base import CALL_LINE, NO_CALL, Exchange, Moved, ReduceOp, Transport
+from .base import CALL_LINE, CALL_WORDS, MESSAGES, NO_CALL, Exchange, Moved, ReduceOp, Transport
 from .bootstrap import duplicated, on_one_node, start
 from .errors import CollectiveError, InvalidArgumentError, MismatchError, PeerFailedError
 from .shared_memory import SHM_DIR, free_bytes, share_regions
@@ -679,11 +683,13 @@ class SlotTransport(Transport):
             PAIR_WORDS.pack_into(self._ctl_bytes[self.rank], (line + 1) * 8, *words)
             self._own[line] = self._pairs[peer]  # last: the words are now visible
         heard = {}
-        for peer in said:
+        for peer, words in said.items():
             line = self._pair_words(self.rank, self._pairs[peer])
             ctl, turn = self._ctl[peer], self._pairs[peer]
-            if ctl[line] != turn:
-                self.wait(lambda: ctl[line] == turn, peer, "a message")
+            if ctl[line] != turn:  # (a peer in a collective call is answered meanwhile)
+                answered: list[int] = []
+                self.wait(lambda: self._answer_collective(peer, words, line, turn, answered),
+                          peer, "a message")
             heard[peer] = PAIR_WORDS.unpack_from(self._ctl_bytes[peer], (line + 1) * 8)
         return heard
 
@@ -889,11 +895,49 @@ class SlotTransport(Transport):
                         polls -= 1
             for their_line in theirs:
                 if their_line != mine:
+                    self._answer_messages(line, theirs)
                     self._compare_lines(line, theirs)  # raises
             return inputs
 
         self._exchanges[(shape, numpy.dtype(dtype))] = exchange
         return exchange
+
+    def _answer_messages(self, line: bytes, theirs: list[Any]) -> None:
+        """Before a collective raises because a peer's call line is a message's check (the
+        peer is in a send or a recv with this rank: `_answer_collective`), answer that check
+        with this call's descriptor (our call `line`), so that the peer raises too, and both
+        have taken each other's turn."""
+        words = CALL_LINE.unpack(line)[:CALL_WORDS]
+        for peer, their_line in zip((r for r in range(self.size) if r != self.rank), theirs):
+            if int.from_bytes(their_line[:8], "little") != MESSAGES:
+                continue
+            turn = self._pairs[peer] + 1
+            if self._ctl[peer][self._pair_words(self.rank, turn)] == turn:
+                self._pairs[peer] = turn
+                at = self._pair_words(peer, turn)
+                PAIR_WORDS.pack_into(self._ctl_bytes[self.rank], (at + 1) * 8, *words)
+                self._own[at] = turn  # last: the words are now visible
+
+    def _answer_collective(self, peer: int, words: tuple[int, ...], line: int, turn: int,
+                           answered: list[int]) -> bool:
+        """Whether `peer`'s pair line at `line` has come for `turn`, while a message's check
+        (`pair_inputs`, our `words`) waits for it. Meanwhile, if `peer` has published a
+        one-shot turn that this rank has not, it is in a collective call: publish that turn
+        too, once (`answered`), with the check's words as our call line, so that the peer
+        raises, having answered the check (`_answer_messages`). The pair line is read again
+        after the turn: a peer that came to the message and then went on to a collective
+        wrote it first."""
+        theirs = self._ctl[peer]
+        if theirs[line] == turn:
+            return True
+        if not answered and theirs[PUBLISHED * WORDS] > self._one_shots \
+                and theirs[line] != turn:
+            self.memory.settle()
+            self._one_shots = published = self._one_shots + 1
+            self._call_lines[published & 1][0][:] = CALL_LINE.pack(*words, 0)
+            self._own[PUBLISHED * WORDS] = published  # last: the line is now visible
+            answered.append(published)
+        return False
 
     def _wait_published(self, peer: memoryview, turn: int) -> None:
         """Wait until the `peer` control lines have published `turn` (`wait` names who has not,
