@@ -42,7 +42,6 @@ from typing import Any, Callable
 import numpy
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
 
 import collectives
 
@@ -81,6 +80,39 @@ def run(comm: Communicator, call: Callable[[], Any]) -> torch.futures.Future:
     _served.add(comm)
     comm.submit(settle)
     return future
+
+
+class FutureWork(dist.Work):
+    """A call under way on the progress thread, as torch.distributed sees it: `wait` raises
+    what the call raised (a mismatch, a timeout), as Gloo's work does. (torch's own work made
+    from a future returns from `wait` whatever the future holds, so a failed call would look
+    done.)"""
+
+    def __init__(self, future: torch.futures.Future) -> None:
+        super().__init__()
+        self._future = future
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        self._future.wait()  # raises the call's error
+        return True
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+    def is_success(self) -> bool:
+        return self._future.done() and self.exception() is None
+
+    def exception(self) -> BaseException | None:
+        if not self._future.done():
+            return None
+        try:
+            self._future.wait()
+        except BaseException as error:  # noqa: BLE001 - what the call raised
+            return error
+        return None
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
 
 
 def as_array(tensor: torch.Tensor, call: str) -> Any:
@@ -145,7 +177,7 @@ class ProcessGroup(dist.ProcessGroup):
         def done() -> Any:
             call()
             return result
-        return _create_work_from_future(run(comm, done))
+        return FutureWork(run(comm, done))
 
     # ---- the collectives: each checks its arguments here, and moves data in the background
 
@@ -301,11 +333,13 @@ class ProcessGroup(dist.ProcessGroup):
         return self._work(comm, exchange, output_tensors)
 
     def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> dist.Work:  # noqa: N803
+        self._untagged(tag, "send")
         comm = self._comm_for(tensors[0], "send")
         arrays = [as_array(t, "send") for t in tensors]
         return self._work(comm, lambda: [comm.send(a, dstRank) for a in arrays], tensors)
 
     def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> dist.Work:  # noqa: N803
+        self._untagged(tag, "recv")
         comm = self._comm_for(tensors[0], "recv")
         arrays = [as_array(t, "recv") for t in tensors]
         return self._work(comm, lambda: [comm.recv(a, srcRank) for a in arrays], tensors)
@@ -314,6 +348,13 @@ class ProcessGroup(dist.ProcessGroup):
 
     def _unsupported(self, call: str) -> None:
         raise NotImplementedError(f"the ringcc backend does not implement {call}")
+
+    def _untagged(self, tag: int, call: str) -> None:
+        """Messages between two ranks arrive in the order they were sent, whatever their tag:
+        a tag that would pick another one is refused, not ignored."""
+        if tag != 0:
+            self._unsupported(f"{call} with a tag ({tag}): messages between two ranks arrive "
+                              f"in the order they are sent")
 
     def recv_anysource(self, *args: Any) -> dist.Work:
         self._unsupported("recv from any source")

@@ -128,6 +128,38 @@ def calls_scenario(gloo: dist.ProcessGroup) -> None:
         assert "cannot move torch.bfloat16" in str(error), error
     else:
         raise AssertionError("a bfloat16 tensor went through")
+    if size > 1:
+        try:
+            dist.send(torch.ones(2), (rank + 1) % size, tag=3)
+        except NotImplementedError as error:
+            assert "send with a tag (3)" in str(error), error
+        else:
+            raise AssertionError("a tagged send went through, its tag ignored")
+    # What a call raises in the background reaches the caller, as Gloo's errors do.
+    try:
+        dist.all_reduce(torch.arange(4, dtype=torch.int32), op=dist.ReduceOp.AVG)
+    except collectives.InvalidTypeError as error:
+        assert "needs a floating dtype" in str(error), error
+    else:
+        raise AssertionError("a call refused in the background returned as if it worked")
+    if size > 1:  # counts that differ: a mismatch, on every rank, and the group goes on
+        try:
+            dist.all_reduce(torch.ones(rank + 1))
+        except collectives.MismatchError:
+            pass
+        else:
+            raise AssertionError("a mismatched call returned as if it worked")
+        work = dist.all_reduce(torch.ones(rank + 1), async_op=True)
+        try:
+            work.wait()
+        except collectives.MismatchError:
+            assert work.is_completed() and not work.is_success()
+            assert isinstance(work.exception(), collectives.MismatchError)
+        else:
+            raise AssertionError("a failed async call's wait returned")
+        ones = torch.ones(2)
+        dist.all_reduce(ones)
+        same(ones, torch.full((2,), float(size)), "all_reduce after a mismatch")
 
 
 class Net(nn.Module):
