@@ -13,8 +13,9 @@ writes one JSON file in the trace-event format, as Horovod's timeline does:
 - times in microseconds from the earliest event of the job.
 
 Within a row a rank's events never overlap: one call runs at a time (work.py), and the steps
-of a call follow each other. The exchange of a one-shot call moves every peer's block at once,
-so its records become one event.
+of a call follow each other. Transfers of one call and phase that run at once (the exchange of
+a one-shot call, the sends a two-shot pass keeps under way) become one event, from the first
+start to the last end, their bytes and peers summed.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ def rank_events(rank: int, trace: list) -> dict:
             args["to"].append(record["dst"])
         if record["src"] is not None:
             args["from"].append(record["src"])
+    events = _merge_overlapping(events)
     first = min((start for _, _, start, _, _ in events), default=0.0)
     # Rounded ends, not rounded durations: an event that ends before the next one in its row
     # begins still does once rounded.
@@ -83,6 +85,24 @@ def rank_events(rank: int, trace: list) -> dict:
                                      - round((start - first) * 1e6, 3), 3),
                         "args": args}
                        for row, name, start, end, args in events]}
+
+
+def _merge_overlapping(events: list[tuple]) -> list[tuple]:
+    """Transfer events of one call in one row that overlap, as one event (see above); the
+    calls' and spans' rows as they are."""
+    out: list[list] = []
+    for row, name, start, end, args in sorted(events, key=lambda e: (e[0], e[2])):
+        last = out[-1] if out and out[-1][0] == row else None
+        if last is not None and args and last[4] and args["call"] == last[4]["call"] \
+                and start < last[3]:
+            last[3] = max(last[3], end)
+            held = last[4]
+            held["bytes"] += args["bytes"]
+            held["to"] += [peer for peer in args["to"] if peer not in held["to"]]
+            held["from"] += [peer for peer in args["from"] if peer not in held["from"]]
+            continue
+        out.append([row, name, start, end, args])
+    return [tuple(event) for event in out]
 
 
 def chrome_trace(per_rank: list[dict]) -> dict:

@@ -201,3 +201,22 @@ def test_the_trainer_writes_a_timeline_of_its_first_steps(tmp_path):
         assert spans[:3] == ["forward", "backward", "optimizer"]
         assert spans.count("backward") == 5  # TIMELINE_STEPS steps traced
         assert sum(name.startswith("all_reduce") for name in rows[(rank, "calls")]) > 5
+
+
+def test_transfers_of_one_call_under_way_at_once_are_one_event():
+    """A two-shot pass keeps its sends under way together: in the timeline they are one
+    event of the phase, from the first start to the last end, bytes and peers summed; the
+    next step stays an event of its own."""
+    from collectives.timeline import Trace, rank_events
+
+    def sent(dst: int, start: float, end: float, step: int = 0) -> dict:
+        return {"where": "all_reduce #1", "phase": "reduce-scatter", "step": step,
+                "kind": "copy", "bytes": 8, "dst": dst, "src": None, "start": start,
+                "end": end}
+
+    trace = Trace()
+    trace += [sent(1, 1.0, 3.0), sent(2, 1.5, 2.5), sent(3, 2.0, 4.0), sent(1, 5.0, 6.0, 1)]
+    events = rank_events(0, trace)["events"]
+    assert [(e["name"], e["ts"], e["dur"], e["args"]["bytes"], e["args"]["to"])
+            for e in events] == [("reduce-scatter step 0", 0.0, 3e6, 24, [1, 2, 3]),
+                                 ("reduce-scatter step 1", 4e6, 1e6, 8, [1])]
