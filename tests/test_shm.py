@@ -728,7 +728,37 @@ def test_a_mismatch_found_in_the_first_exchange_withdraws_what_was_published(ran
     assert_gone(regions_of(job.stdout))
 
 
+def slot_holder_scenario() -> None:
+    """A wait for a free slot names the rank that has yet to take what the slot holds: rank 0
+    fills its slots with messages to rank 1, which takes none, then sends to rank 2."""
+    from mpi4py import MPI
+
+    from transports.slots import SLOTS
+
+    comm = collectives.init("shm", timeout=1, check=False)
+    transport = comm._transport
+    if comm.rank == 0:
+        for _ in range(SLOTS):
+            transport.send(numpy.ones(4), 1)
+        try:
+            transport.send(numpy.ones(4), 2)
+        except collectives.CollectiveTimeoutError as error:
+            assert "waited 1 s for a free slot from rank 1 " in str(error), error
+        else:
+            raise AssertionError("a send went out with every slot full")
+    MPI.COMM_WORLD.barrier()
+    comm.close()
+    print("slot holder ok", flush=True)
+
+
+def test_a_wait_for_a_free_slot_names_the_rank_that_holds_it():
+    job = mpiexec(3, __file__, "slot_holder", timeout=60)
+    assert job.stdout.count("slot holder ok") == 3
+    assert_gone(regions_of(job.stdout))
+
+
 SCENARIOS = {"collectives": collectives_scenario, "failure": failure_scenario,
+             "slot_holder": slot_holder_scenario,
              "two_shot": two_shot_scenario,
              "errors": errors_scenario, "registered": registered_scenario,
              "mismatch": mismatch_scenario, "direct": direct_scenario,

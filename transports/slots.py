@@ -492,7 +492,8 @@ class SlotTransport(Transport):
                 return
             self.wait(lambda: (k_out < n_out and self._slot_free())
                       or (k_in < n_in and self._find(src) is not None),
-                      src if k_in < n_in else dst, "a segment" if k_in < n_in else "a free slot")
+                      src if k_in < n_in else self._slot_holder(),
+                      "a segment" if k_in < n_in else "a free slot")
 
     def reduce_forward(self, sendbuf: Any, dst: int, accbuf: Any, src: int, op: ReduceOp,
                        inbuf: Any, recvbuf: Any, divide: int, smallest: int) -> None:
@@ -514,7 +515,7 @@ class SlotTransport(Transport):
         self.at(phase, step)
         out = sendbuf.view(numpy.uint8)
         region = self._region_of(out) if self._registered else None
-        self.wait(self._slot_free, dst, "a free slot")
+        self.wait(self._slot_free, self._slot_holder(), "a free slot")
         read_by = self._announce(dst, out.size, *region) if region else \
             self._announce(dst, out.size, address=out.ctypes.data)
         if self._pending is not None:
@@ -611,7 +612,7 @@ class SlotTransport(Transport):
         bookkeeping, which costs a small message more than its copies."""
         if sendbuf is not None:
             if not self._slot_free():
-                self.wait(self._slot_free, dst, "a free slot")
+                self.wait(self._slot_free, self._slot_holder(), "a free slot")
             self._publish(sendbuf.view(numpy.uint8), dst, sendbuf.nbytes)
         if self._pending is not None:
             self._check_first(dst, sendbuf is not None)
@@ -639,7 +640,7 @@ class SlotTransport(Transport):
         region = self._region_of(buf.view(numpy.uint8)) if self._registered else None
         if region is None and not (self.single_copy and buf.nbytes >= self.isends_read_from):
             return super()._isend(buf, dst)
-        self.wait(self._slot_free, dst, "a free slot")
+        self.wait(self._slot_free, self._slot_holder(), "a free slot")
         read_by = self._announce(dst, buf.nbytes, *region) if region else \
             self._announce(dst, buf.nbytes, address=buf.ctypes.data)
         if self._pending is not None:
@@ -764,6 +765,12 @@ class SlotTransport(Transport):
     def _has_taken(self, dst: int, seq: int) -> bool:
         """Whether `dst` has taken our segment number `seq` to it."""
         return self._ctl[dst][(CONSUMED + self.rank) * WORDS] > seq
+
+    def _slot_holder(self) -> int | None:
+        """The rank that has yet to take what the next slot holds: whom a wait for it waits
+        on (not always the rank the next message goes to)."""
+        occupant = self._occupant[self._next_slot]
+        return None if occupant is None else occupant[0]
 
     def _slot_free(self) -> bool:
         """Whether the receiver of what the next slot holds has taken it."""
