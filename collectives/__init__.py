@@ -37,6 +37,39 @@ __all__ = ["init", "spawn", "Communicator", "Work", "chunk_bounds", "array_modul
            "MismatchError", "PeerFailedError", "TimeoutError"]
 
 
+def _device_for(transport: str, device: str | None) -> str:
+    """The device `init` serves: `device`, else the transport's first; InvalidArgumentError
+    for a transport or device that is not one, or not one together."""
+    if transport not in TRANSPORTS:
+        raise InvalidArgumentError(f"unknown transport {transport!r}; expected one of "
+                                   f"{', '.join(TRANSPORTS)} (use collectives.spawn for threads)")
+    if device is None:
+        device = "cpu" if transport == "auto" else registry.info(transport).devices[0]
+    if device not in DEVICES:
+        raise InvalidArgumentError(f"unknown device {device!r}; expected one of "
+                                   f"{', '.join(DEVICES)}")
+    if transport != "auto" and device not in registry.info(transport).devices:
+        serving = ", ".join(["auto", *registry.names(device)])
+        raise InvalidArgumentError(f"the {transport} transport does not move {device} arrays; "
+                                   f"for device={device!r} use one of {serving}")
+    return device
+
+
+def _agree_on_settings(said: list[tuple[str, str, int | None, str | None]]) -> None:
+    """Raise the same InvalidArgumentError on every rank if any rank's settings were bad
+    (`said[rank]`: transport, device, node_size, and what was wrong, or None), or if ranks
+    differ in them."""
+    for rank, (*_, problem) in enumerate(said):
+        if problem is not None:
+            raise InvalidArgumentError(f"rank {rank}: {problem}")
+    for index, name in enumerate(("transport", "device", "node_size (or $RINGCC_NODE_SIZE)")):
+        values = [setting[index] for setting in said]
+        if len(set(values)) > 1:
+            raise InvalidArgumentError(
+                f"{name} must be the same on every rank; got, by rank: "
+                + ", ".join(f"{rank}: {value!r}" for rank, value in enumerate(values)))
+
+
 def init(transport: str = "auto", comm: Any = None, *, device: str | None = None,
          segment_bytes: int | None = None, one_shot_bytes: int | None = None,
          timeout: float | None = None, trace: bool = False, check: bool | None = None,
@@ -66,25 +99,24 @@ def init(transport: str = "auto", comm: Any = None, *, device: str | None = None
 
     In a job of several processes it also makes an uncaught exception abort the job (see job.py).
     """
-    if transport not in TRANSPORTS:
-        raise InvalidArgumentError(f"unknown transport {transport!r}; expected one of "
-                                   f"{', '.join(TRANSPORTS)} (use collectives.spawn for threads)")
-    if device is None:
-        device = "cpu" if transport == "auto" else registry.info(transport).devices[0]
-    if device not in DEVICES:
-        raise InvalidArgumentError(f"unknown device {device!r}; expected one of "
-                                   f"{', '.join(DEVICES)}")
-    if transport != "auto" and device not in registry.info(transport).devices:
-        serving = ", ".join(["auto", *registry.names(device)])
-        raise InvalidArgumentError(f"the {transport} transport does not move {device} arrays; "
-                                   f"for device={device!r} use one of {serving}")
     from mpi4py import MPI
 
+    from transports.base import configured
     from transports.bootstrap import nodes, virtual_node_size
 
     guard_job()
     comm = comm if comm is not None else MPI.COMM_WORLD
-    node_size = virtual_node_size(node_size)
+    # Every rank checks what it was given (arguments and $RINGCC_*), then all compare, before
+    # anything collective depends on it: a rank alone with a bad or different setting would
+    # leave the others waiting in a collective it never makes.
+    problem = None
+    try:
+        device = _device_for(transport, device)
+        node_size = virtual_node_size(node_size)
+        configured(segment_bytes, one_shot_bytes, timeout)
+    except ValueError as error:
+        problem = str(error)
+    _agree_on_settings(comm.allgather((transport, device, node_size, problem)))
     if transport == "auto":
         node = nodes(comm, node_size)
         transport = registry.choose(device, [node.count(n) for n in range(max(node) + 1)])

@@ -152,6 +152,27 @@ def test_ranks_that_would_cut_messages_differently_are_refused_on_every_rank(tra
                      "rank: 0: 4096,") == 2, out
 
 
+@pytest.mark.parametrize("setting, said", [
+    ("os.environ['RINGCC_NODE_SIZE'] = '1'", "node_size (or $RINGCC_NODE_SIZE) must be the "
+                                             "same on every rank; got, by rank: 0: None, 1: 1"),
+    ("os.environ['RINGCC_SEGMENT_BYTES'] = '0'", "rank 1: segment_bytes must be positive, got 0"),
+    ("os.environ['RINGCC_TIMEOUT'] = 'soon'", "rank 1: timeout (or $RINGCC_TIMEOUT) must be a "
+                                              "number, got 'soon'"),
+    ("transport = 'mpi'", "transport must be the same on every rank; got, by rank: 0: 'auto', "
+                          "1: 'mpi'"),
+], ids=["node size", "segment", "timeout", "transport"])
+def test_a_setting_bad_or_different_on_one_rank_is_refused_on_every_rank(setting, said):
+    """Before anything collective depends on them: a rank alone with another setting once
+    left the others waiting, with no timeout, in a collective it never made."""
+    code = "\n".join(["import os", "from mpi4py import MPI", "import collectives",
+                      "transport = 'auto'", "if MPI.COMM_WORLD.Get_rank() == 1:",
+                      f"    {setting}", "try:", "    collectives.init(transport)",
+                      "except collectives.InvalidArgumentError as error:",
+                      "    print('refused:', error)"])
+    out = mpiexec(2, "-c", code, timeout=60).stdout  # the two ranks' lines may interleave
+    assert out.count("refused:") == 2 and out.count(said) == 2, out
+
+
 def test_empty_and_zeros_give_arrays_every_collective_takes():
     def body(comm):
         zeros = comm.zeros((2, 3), "int16")

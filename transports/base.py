@@ -88,6 +88,34 @@ def segments(count: int, itemsize: int, segment_bytes: int) -> list[tuple[int, i
     return [(lo, min(lo + step, count)) for lo in range(0, count, step)]
 
 
+def configured(segment_bytes: int | str | None, one_shot_bytes: int | str | None,
+               timeout: float | str | None) -> tuple[int | None, int | None, float]:
+    """segment_bytes, one_shot_bytes and timeout as given, else from $RINGCC_SEGMENT_BYTES,
+    $RINGCC_ONE_SHOT_BYTES and $RINGCC_TIMEOUT, checked (None: the transport's default; the
+    timeout's is DEFAULT_TIMEOUT_S). ValueError names one that is out of range or no number."""
+    given = {"segment_bytes": segment_bytes, "one_shot_bytes": one_shot_bytes,
+             "timeout": timeout}
+    settled: dict[str, Any] = {}
+    for name, value in given.items():
+        if value is None:
+            value = os.environ.get(f"RINGCC_{name.upper()}") or None
+        if value is None:
+            settled[name] = DEFAULT_TIMEOUT_S if name == "timeout" else None
+            continue
+        try:
+            settled[name] = float(value) if name == "timeout" else int(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name} (or $RINGCC_{name.upper()}) must be a number, got "
+                             f"{value!r}") from None
+    if settled["segment_bytes"] is not None and settled["segment_bytes"] < 1:
+        raise ValueError(f"segment_bytes must be positive, got {settled['segment_bytes']}")
+    if settled["one_shot_bytes"] is not None and settled["one_shot_bytes"] < 0:
+        raise ValueError(f"one_shot_bytes must be >= 0, got {settled['one_shot_bytes']}")
+    if not settled["timeout"] > 0:
+        raise ValueError(f"timeout must be positive, got {settled['timeout']}")
+    return settled["segment_bytes"], settled["one_shot_bytes"], settled["timeout"]
+
+
 class Transport(ABC):
     """Moves bytes between `size` ranks. Subclasses set `name` and implement the raw moves."""
 
@@ -106,21 +134,13 @@ class Transport(ABC):
         self.rank = rank
         self.size = size
         self.xp = xp
-        if segment_bytes is None:
-            segment_bytes = os.environ.get("RINGCC_SEGMENT_BYTES", self.default_segment_bytes)
-        self.segment_bytes = int(segment_bytes)
-        if self.segment_bytes < 1:
-            raise ValueError(f"segment_bytes must be positive, got {self.segment_bytes}")
-        if one_shot_bytes is None:  # 0 is a real setting (always the ring), so test for None
-            one_shot_bytes = os.environ.get("RINGCC_ONE_SHOT_BYTES", self.default_one_shot_bytes)
-        self.one_shot_bytes = int(one_shot_bytes)
-        if self.one_shot_bytes < 0:
-            raise ValueError(f"one_shot_bytes must be >= 0, got {self.one_shot_bytes}")
-        if timeout is None:
-            timeout = os.environ.get("RINGCC_TIMEOUT", DEFAULT_TIMEOUT_S)
-        self.timeout = float(timeout)
-        if self.timeout <= 0:
-            raise ValueError(f"timeout must be positive, got {self.timeout}")
+        segment_bytes, one_shot_bytes, self.timeout = configured(segment_bytes, one_shot_bytes,
+                                                                 timeout)
+        self.segment_bytes = self.default_segment_bytes if segment_bytes is None \
+            else segment_bytes
+        # (0 is a real setting, always the ring: None is the default.)
+        self.one_shot_bytes = self.default_one_shot_bytes if one_shot_bytes is None \
+            else one_shot_bytes
         # Whether ranks outnumber cores here (bootstrap.start says): then the rank we wait for
         # may be waiting for our core, so a wait yields the CPU at once (`spin`, the polls
         # before a wait first yields, is 0).
