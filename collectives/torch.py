@@ -115,6 +115,13 @@ class FutureWork(dist.Work):
         return self._future
 
 
+def _counts_matrix(comm: Communicator, sends: list[int]) -> list[list[int]]:
+    """What every rank sends every rank, in elements (row r: rank r's `sends`), by an
+    all-gather: the same on every rank. Collective."""
+    xp = module_for_device(comm.device)
+    return comm.all_gather(xp.asarray(sends, xp.int64)).tolist()
+
+
 def as_array(tensor: torch.Tensor, call: str) -> Any:
     """The NumPy array that shares a CPU `tensor`'s memory (a CuPy one, through DLPack, for a
     CUDA tensor, which a communicator with device "cuda" moves); InvalidTypeError naming
@@ -204,9 +211,11 @@ class ProcessGroup(dist.ProcessGroup):
         comm = self._comm_for(input, "all_gather_into_tensor")
         mine, out = as_array(input, "all_gather_into_tensor"), \
             as_array(output, "all_gather_into_tensor")
-        if out.size != mine.size * comm.size:
-            raise InvalidArgumentError(f"all_gather_into_tensor: the output must hold "
-                                       f"{comm.size} x {mine.size} elements, got {out.size}")
+        if out.size != mine.size * comm.size or not out.flags.c_contiguous:
+            raise InvalidArgumentError(f"all_gather_into_tensor: the output must be contiguous "
+                                       f"and hold {comm.size} x {mine.size} elements, got "
+                                       f"{out.size}" + ("" if out.flags.c_contiguous
+                                                        else ", not contiguous"))
         blocks = out.reshape(comm.size, *mine.shape)  # a view: gathered in place
         return self._work(comm, lambda: comm.all_gather(mine, blocks), output)
 
@@ -292,22 +301,26 @@ class ProcessGroup(dist.ProcessGroup):
         comm = self._comm_for(input, "all_to_all_single")
         size = comm.size
         out, mine = as_array(output, "all_to_all_single"), as_array(input, "all_to_all_single")
-        if not input_split_sizes and not output_split_sizes:
-            if mine.size % size or out.size != mine.size:
-                raise InvalidArgumentError(f"all_to_all_single: {mine.size} and {out.size} "
-                                           f"elements do not cut into {size} equal blocks")
-            return self._work(comm, lambda: comm.all_to_all(mine.reshape(size, -1),
-                                                            out.reshape(size, -1)), output)
+        if not out.flags.c_contiguous:  # (its results would land in a flat copy)
+            raise InvalidArgumentError("all_to_all_single: the output tensor must be contiguous")
+        if not input_split_sizes and not output_split_sizes \
+                and (mine.size % size or out.size != mine.size):
+            raise InvalidArgumentError(f"all_to_all_single: {mine.size} and {out.size} "
+                                       f"elements do not cut into {size} equal blocks")
         row = int(numpy.prod(mine.shape[1:]))  # splits count rows of the first dimension
-        xp = module_for_device(comm.device)
+        sends = [count * row for count in input_split_sizes] if input_split_sizes \
+            else [mine.size // size] * size
 
-        def uneven() -> None:
-            # Every rank must pass the whole matrix of counts (MPI's Alltoallv, as ringcc
-            # checks it): each rank says what it sends, and all learn it.
-            sends = numpy.array(input_split_sizes or [mine.shape[0] // size] * size) * row
-            matrix = comm.all_gather(xp.asarray(sends, xp.int64))
-            comm.all_to_all(mine.reshape(-1), out.reshape(-1), counts=matrix.tolist())
-        return self._work(comm, uneven, output)
+        def exchange() -> None:
+            # Another rank may split where this one does not: every rank says what it sends,
+            # and all choose from the whole matrix of counts (MPI's Alltoallv, as ringcc
+            # checks it): equal blocks everywhere, or the uneven call.
+            matrix = _counts_matrix(comm, sends)
+            if len({count for counts in matrix for count in counts}) == 1:
+                comm.all_to_all(mine.reshape(size, -1), out.reshape(size, -1))
+            else:
+                comm.all_to_all(mine.reshape(-1), out.reshape(-1), counts=matrix)
+        return self._work(comm, exchange, output)
 
     all_to_all_single = alltoall_base
 
@@ -319,11 +332,11 @@ class ProcessGroup(dist.ProcessGroup):
         xp = module_for_device(comm.device)
 
         def exchange() -> None:
-            if len({a.size for a in ins + outs}) == 1:
+            # Every rank learns what every rank sends, and all choose alike (as above).
+            matrix = _counts_matrix(comm, [a.size for a in ins])
+            if len({count for counts in matrix for count in counts}) == 1:
                 received = comm.all_to_all(xp.stack(ins))
-            else:  # uneven blocks: every rank learns what every rank sends
-                sends = xp.asarray([a.size for a in ins], xp.int64)
-                matrix = comm.all_gather(sends).tolist()
+            else:
                 flat = comm.all_to_all(xp.concatenate([a.reshape(-1) for a in ins]),
                                        counts=matrix)
                 bounds = numpy.cumsum([0] + [a.size for a in outs])

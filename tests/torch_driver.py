@@ -101,6 +101,23 @@ def calls_scenario(gloo: dist.ProcessGroup) -> None:
     dist.all_to_all_single(ours, data, incoming, splits)
     dist.all_to_all_single(theirs, data, incoming, splits, group=gloo)
     same(ours, theirs, "all_to_all_single, uneven")
+    # Splits on some ranks only, even ones, then uneven on one rank: every rank chooses the
+    # same call, from what all of them send.
+    for odd in (False, True):
+        sends = [2] * size if rank or not odd else [3] + [2] * (size - 1)
+        splits = [] if rank == 0 and not odd else sends
+        gets = [3 if r == 0 and odd and rank == 0 else 2 for r in range(size)]
+        ours, theirs = torch.empty(sum(gets)), torch.empty(sum(gets))
+        data = values(rank, sum(sends))
+        dist.all_to_all_single(ours, data, gets if splits else [], splits)
+        dist.all_to_all_single(theirs, data, gets, sends, group=gloo)
+        same(ours, theirs, f"all_to_all_single, splits on some ranks{', uneven' if odd else ''}")
+    try:
+        dist.all_to_all_single(torch.zeros(2, 2 * size).t(), values(rank, 4 * size))
+    except collectives.InvalidArgumentError as error:
+        assert "must be contiguous" in str(error), error
+    else:
+        raise AssertionError("a result went into a copy of a strided output")
     outs = [torch.empty(3) for _ in range(size)]
     dist.all_to_all(outs, [values(rank * size + j, 3) for j in range(size)])
     for r in range(size):
