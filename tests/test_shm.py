@@ -751,6 +751,44 @@ def slot_holder_scenario() -> None:
     print("slot holder ok", flush=True)
 
 
+def late_reader_scenario() -> None:
+    """A message read in place is announced only once its check has passed: rank 0's send
+    from registered memory times out in the check (rank 1 has not come), and rank 0 takes
+    its buffer back; rank 1, coming later (once rank 0 says so, by MPI), finds nothing to
+    read and times out, rather than read the buffer rank 0 has reused."""
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    comm = collectives.init("shm", timeout=1)
+    held = comm.empty(1000)
+    held[...] = 1
+    if comm.rank == 0:
+        try:
+            comm.send(held, 1)
+        except collectives.CollectiveTimeoutError:
+            held[...] = 7
+        else:
+            raise AssertionError("a send went out with its receiver away")
+        world.send(None, dest=1)
+    else:
+        world.recv(source=0)
+        got = numpy.zeros(1000)
+        try:
+            comm.recv(got, 0)
+        except collectives.CollectiveTimeoutError:
+            assert not got.any(), got[:3]
+        else:
+            raise AssertionError(f"a message its sender took back was read: {got[:3]}")
+    world.barrier()
+    print("late reader ok", flush=True)
+
+
+def test_a_late_receiver_does_not_read_a_message_taken_back():
+    job = mpiexec(2, __file__, "late_reader", timeout=60)
+    assert job.stdout.count("late reader ok") == 2
+    assert_gone(regions_of(job.stdout))
+
+
 def test_a_wait_for_a_free_slot_names_the_rank_that_holds_it():
     job = mpiexec(3, __file__, "slot_holder", timeout=60)
     assert job.stdout.count("slot holder ok") == 3
@@ -758,7 +796,7 @@ def test_a_wait_for_a_free_slot_names_the_rank_that_holds_it():
 
 
 SCENARIOS = {"collectives": collectives_scenario, "failure": failure_scenario,
-             "slot_holder": slot_holder_scenario,
+             "slot_holder": slot_holder_scenario, "late_reader": late_reader_scenario,
              "two_shot": two_shot_scenario,
              "errors": errors_scenario, "registered": registered_scenario,
              "mismatch": mismatch_scenario, "direct": direct_scenario,

@@ -434,6 +434,11 @@ class SlotTransport(Transport):
         n_in = 0 if into is None else -(-into.size // slot)
         k_out = k_in = 0
         read_by = None  # (dst, seq) of a message the receiver reads from our buffer
+        if direct and self._pending is not None:
+            # A message read in place is announced only once the check has passed: announced
+            # first, a check that timed out would leave it for a late peer to read, from a
+            # buffer the caller has taken back. (Announcing copies nothing to overlap.)
+            self._check_first(dst, 0)
         while True:
             while k_out < n_out and self._slot_free():
                 if direct:
@@ -515,11 +520,11 @@ class SlotTransport(Transport):
         self.at(phase, step)
         out = sendbuf.view(numpy.uint8)
         region = self._region_of(out) if self._registered else None
+        if self._pending is not None:  # (before the announcement: see `_stream`)
+            self._check_first(dst, 0)
         self.wait(self._slot_free, self._slot_holder(), "a free slot")
         read_by = self._announce(dst, out.size, *region) if region else \
             self._announce(dst, out.size, address=out.ctypes.data)
-        if self._pending is not None:
-            self._check_first(dst, 1)
         # Where the left neighbour's result lands: posted before we wait on either
         # neighbour's data or post, so that no rank waits on a neighbour that waits on it.
         self._posts[src] += 1
@@ -640,11 +645,11 @@ class SlotTransport(Transport):
         region = self._region_of(buf.view(numpy.uint8)) if self._registered else None
         if region is None and not (self.single_copy and buf.nbytes >= self.isends_read_from):
             return super()._isend(buf, dst)
+        if self._pending is not None:  # (before the announcement: see `_stream`)
+            self._check_first(dst, 0)
         self.wait(self._slot_free, self._slot_holder(), "a free slot")
         read_by = self._announce(dst, buf.nbytes, *region) if region else \
             self._announce(dst, buf.nbytes, address=buf.ctypes.data)
-        if self._pending is not None:
-            self._check_first(dst, 1)
         return lambda: self.wait(lambda: self._has_taken(*read_by), dst,
                                  "its message to be read")
 
