@@ -151,14 +151,21 @@ class Communicator:
         where ("all_reduce #3"), phase, step, dst and send (offset, count), src and recv
         (offset, count), bytes sent, and start and end (`time.perf_counter()`); its `calls`
         list gets each call's and each `span`'s row, name, start and end. Tracing is off,
-        and costs nothing, outside the block.
+        and costs nothing, outside the block. It starts and ends in turn with the calls
+        queued on the progress thread: the calls made before the block are not traced, and
+        those made inside it, `async_op=True` ones too, are, by the end of the block.
         """
-        records = Trace() if self._transport.trace is None else self._transport.trace
-        outer, self._transport.trace = self._transport.trace, records
+        transport = self._transport
+        records = Trace() if transport.trace is None else transport.trace
+        outer = transport.trace
+
+        def switch(to: Any) -> None:
+            transport.trace = to
+        self._in_turn(lambda: switch(records))
         try:
             yield records
         finally:
-            self._transport.trace = outer
+            self._in_turn(lambda: switch(outer))
 
     @contextmanager
     def span(self, name: str) -> Iterator[None]:

@@ -220,3 +220,20 @@ def test_transfers_of_one_call_under_way_at_once_are_one_event():
     assert [(e["name"], e["ts"], e["dur"], e["args"]["bytes"], e["args"]["to"])
             for e in events] == [("reduce-scatter step 0", 0.0, 3e6, 24, [1, 2, 3]),
                                  ("reduce-scatter step 1", 4e6, 1e6, 8, [1])]
+
+
+def test_async_calls_made_inside_a_trace_block_are_traced():
+    """The block starts and ends in turn with the queued calls: those made inside it run
+    traced, however late the progress thread runs them; one queued before it does not."""
+    def body(comm):
+        before = comm.all_reduce(numpy.ones(300), async_op=True)
+        with comm.trace() as records:
+            inside = [comm.all_reduce(numpy.ones(300), async_op=True) for _ in range(2)]
+        before.wait()
+        for work in inside:
+            work.wait()
+        return sorted({record["where"] for record in records}), [c[1] for c in records.calls]
+
+    for where, calls in collectives.spawn(body, 2):
+        assert where == ["all_reduce #2", "all_reduce #3"], where
+        assert calls == ["all_reduce #2", "all_reduce #3"], calls
