@@ -80,7 +80,8 @@ def load(paths: list[str]) -> list[dict]:
     for path in paths:
         with open(path) as f:
             for row in json.load(f)["rows"]:
-                key = (row["impl"], row["collective"], row["ranks"], row["bytes"], row["dtype"])
+                key = (row["impl"], row["collective"], row["ranks"], row["bytes"], row["dtype"],
+                       row.get("op"), row.get("root"), row.get("registered"))
                 runs = best[key]["runs"] + 1 if key in best else 1
                 if key not in best or row["time_us"] < best[key]["time_us"]:
                     best[key] = row

@@ -1,9 +1,11 @@
 """Measuring: the same buffers for every implementation, checked once, then timed.
 
 Each rank's input is a scrambled function of (rank, index) (`rank_data`), and the result every
-rank must hold comes from a NumPy reference (`reduce_ranks` for the reductions). Before it is
-timed, an implementation makes one call into a poisoned result buffer and the wrong elements are
-counted over ranks: the #wrong column.
+rank must hold comes from a NumPy reference (`reduce_ranks` for the reductions). After its
+warm-up (at least one call, so that the path checked is the path timed) and before it is
+timed, an implementation makes one call into a poisoned result buffer and the wrong elements
+are counted over ranks: the #wrong column (exactly, for what a collective only moves; within
+the rounding of the ranks' contributions, for a float reduction).
 
 time:  mean per call over -n iterations, the slowest rank's. Every implementation is checked
        and warmed up (-w calls) on a size's buffers before any is timed, and before the first
@@ -15,7 +17,8 @@ time:  mean per call over -n iterations, the slowest rank's. Every implementatio
 algbw: bytes / time.
 busbw: algbw * the collective's factor (all-reduce 2(n-1)/n, ...): what each rank's link
        carries, so it can be held against the link's bandwidth whatever the collective and
-       rank count (nccl-tests' doc/PERFORMANCE.md).
+       rank count (nccl-tests' doc/PERFORMANCE.md). The memory bound's too (it moves the
+       call's bytes); a device copy's is its algbw, the hardware's own.
 """
 
 from __future__ import annotations
@@ -90,10 +93,12 @@ def tolerance(dtype: numpy.dtype, ranks: int) -> tuple[float, float]:
     return ranks * eps, ranks * ranks * eps * DATA_MAX
 
 
-def count_wrong(result: numpy.ndarray, expected: numpy.ndarray, ranks: int) -> int:
-    """Elements of `result` that differ from `expected`: exactly for integers, beyond the
-    rounding of `ranks` contributions for floats (NaN always differs)."""
-    if result.dtype.kind != "f":
+def count_wrong(result: numpy.ndarray, expected: numpy.ndarray, ranks: int,
+                reduced: bool = True) -> int:
+    """Elements of `result` that differ from `expected`: exactly for integers and for what is
+    only moved (not `reduced`), beyond the rounding of `ranks` contributions for reduced
+    floats (NaN always differs)."""
+    if result.dtype.kind != "f" or not reduced:  # (the data holds no NaN; the poison does)
         return int(numpy.count_nonzero(result != expected))
     rtol, atol = tolerance(result.dtype, ranks)
     return int(numpy.count_nonzero(~numpy.isclose(result, expected, rtol=rtol, atol=atol)))
@@ -166,16 +171,20 @@ def prepare(impl: Impl, collective: Collective, send: numpy.ndarray, recv: numpy
     def call() -> None:
         collective.run(impl.comm, send, recv, op, root)
 
+    # The warm-up first, at least one call: a path that a first call of its kind sets up
+    # (ringcc's small-call lane learns a kind on the general path) is then the one checked,
+    # as it is the one timed.
+    for _ in range(max(1, args.warmup_iters)):
+        call()
     wrong = None
     if check:
         send[...] = own  # an in-place call (recv is send) has overwritten it
         if recv is not send and expected is not None:
             poison(recv, expected)
         call()
-        here = 0 if expected is None else count_wrong(to_numpy(recv), expected, world.size)
+        here = 0 if expected is None else count_wrong(to_numpy(recv), expected, world.size,
+                                                      collective.reduces)
         wrong = int(reduce_scalar(world, here, MPI.SUM))
-    for _ in range(args.warmup_iters):
-        call()
     device.synchronize(impl.xp)
     return call, wrong
 
@@ -262,7 +271,9 @@ def measure_size(collective: Collective, impls: list[Impl], count: int, dtype: s
         call, wrong = ready[impl.name]
         time_us = time_calls(call, impl, args, world)
         algbw = nbytes / time_us / 1e3
-        factor = 1.0 if impl.reference else collective.bus_factor(ranks)
+        # The memory bound moves the call's bytes, so its busbw takes the call's factor; a
+        # device copy's is the hardware's own, a copy's bandwidth.
+        factor = 1.0 if impl.name == "copy" else collective.bus_factor(ranks)
         measured[impl.name] = {
             "impl": impl.name, "collective": collective.name, "ranks": ranks, "bytes": nbytes,
             "count": count, "dtype": dtype, "op": op, "root": root, "time_us": time_us,

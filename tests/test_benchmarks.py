@@ -180,6 +180,37 @@ def test_the_clock_warm_up_calls_on_for_its_milliseconds_and_stops():
     assert calls == []
 
 
+def test_check_is_exact_for_what_is_only_moved():
+    """A float moved (gathered, broadcast) must arrive as it was sent: no rounding allowed."""
+    expected = measure.rank_data(0, (100,), "float16", "none")
+    result = expected.copy()
+    result[42] += numpy.float16(0.125)  # within 6 ranks' rounding of a sum
+    assert measure.count_wrong(result, expected, 6) == 0
+    assert measure.count_wrong(result, expected, 6, reduced=False) == 1
+
+
+def test_the_checked_call_takes_the_path_the_timed_calls_take():
+    """An implementation whose first call takes another path than the later ones (ringcc's
+    small-call lane learns a kind of call on the general path) is checked on a later call,
+    even with no warm-up asked for."""
+    from mpi4py import MPI
+
+    made = []
+
+    def run(comm, send, recv, op, root):  # right the first time only
+        recv[...] = send if not made else send + 1
+        made.append(1)
+
+    collective = options.Collective(name="all_gather", bus_factor=lambda n: 1.0,
+                                    shapes=lambda count, n: ((count,), (count,)), run=run,
+                                    expected=lambda data, rank, ranks, op, root: data(rank))
+    own = numpy.arange(4.0)
+    call, wrong = measure.prepare(peers.Impl("probe", None), collective, own.copy(),
+                                  numpy.empty(4), own, True, own, "none", -1,
+                                  argparse.Namespace(warmup_iters=0), MPI.COMM_SELF)
+    assert wrong == 4 and len(made) == 2
+
+
 def test_check_is_exact_for_integers():
     expected = measure.rank_data(0, (100,), "uint64", "sum")
     result = expected.copy()
