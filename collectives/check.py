@@ -209,7 +209,17 @@ def pair_agree(transport: Transport, said: dict[int, tuple[int, ...]], dst: int 
     else:
         return
     problems = [_pair_problem(transport.rank, peer, said[peer], heard[peer]) for peer in heard]
-    raise MessagesDiffer(f"rank {transport.rank}: " + "; and ".join(p for p in problems if p))
+    said_here = f"rank {transport.rank}: " + "; and ".join(p for p in problems if p)
+    if transport.size > 2 and not transport.answers_messages_met \
+            and any(words[0] != MESSAGES for words in heard.values()):
+        # The collective's other ranks still wait for this rank's part, and would take its
+        # next call's for it: a plain MismatchError, which breaks the communicator.
+        raise MismatchError(said_here + LEFT_WAITING)
+    raise MessagesDiffer(said_here)
+
+
+LEFT_WAITING = ("; on more than 2 ranks the collective's other ranks still wait for this "
+                "rank, so this communicator cannot go on (on shm it can)")
 
 
 def _pair_exchange(transport: Transport, said: dict[int, tuple[int, ...]], dst: int | None,

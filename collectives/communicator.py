@@ -29,7 +29,7 @@ from .arrays import flat_work, same_memory
 from .blocks import check_counts, exchanged, gathered, split
 from .broadcast import one_shot_broadcast, ring_broadcast
 from .calls import collective, current_device
-from .check import MESSAGES, agree, descriptor, disagreement, pair_agree
+from .check import LEFT_WAITING, MESSAGES, agree, descriptor, disagreement, pair_agree
 from .gather import gather_to_root, one_shot_gather
 from .hierarchical import hierarchical_all_reduce
 from .naive import naive_ring_all_reduce, reduce_broadcast_all_reduce
@@ -152,8 +152,9 @@ class Communicator:
         (offset, count), bytes sent, and start and end (`time.perf_counter()`); its `calls`
         list gets each call's and each `span`'s row, name, start and end. Tracing is off,
         and costs nothing, outside the block. It starts and ends in turn with the calls
-        queued on the progress thread: the calls made before the block are not traced, and
-        those made inside it, `async_op=True` ones too, are, by the end of the block.
+        queued on the progress thread: the calls queued before the block are not traced, and
+        those made inside it, `async_op=True` ones too, are; the end of the block waits for
+        them, so that its list is whole.
         """
         transport = self._transport
         records = Trace() if transport.trace is None else transport.trace
@@ -161,7 +162,10 @@ class Communicator:
 
         def switch(to: Any) -> None:
             transport.trace = to
-        self._in_turn(lambda: switch(records))
+        if self._progress.outstanding and not self._progress.on_thread():
+            self._progress.submit("trace", lambda: switch(records))  # (not waited for)
+        else:
+            switch(records)
         try:
             yield records
         finally:
@@ -782,10 +786,16 @@ class Communicator:
     def _disagreement(self, calls: list[tuple[int, ...]]) -> str:
         """What this rank says when ranks made the calls `calls` (check.py's descriptors). A
         peer in a send or a recv made no collective call, so this rank's call takes back its
-        number: the next collective of both has the same one."""
+        number: the next collective of both has the same one. Where the transport does not
+        answer every rank of the collective for it (`answers_messages_met`), on more than 2
+        ranks, the communicator cannot go on."""
+        said = disagreement(calls, self.rank, CALLS)
         if any(call[0] == MESSAGES for call in calls):
             self._calls -= 1
-        return disagreement(calls, self.rank, CALLS)
+            if self.size > 2 and not self._transport.answers_messages_met:
+                said += LEFT_WAITING.replace("this rank", "the rank in a message")
+                self._broken = f"{self._transport.where} failed (MismatchError: {said})"
+        return said
 
     def _usable(self) -> None:
         """Refuse a closed or broken communicator."""

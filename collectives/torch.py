@@ -308,6 +308,12 @@ class ProcessGroup(dist.ProcessGroup):
             raise InvalidArgumentError(f"all_to_all_single: {mine.size} and {out.size} "
                                        f"elements do not cut into {size} equal blocks")
         row = int(numpy.prod(mine.shape[1:]))  # splits count rows of the first dimension
+        for splits, tensor, name in ((input_split_sizes, mine, "input"),
+                                     (output_split_sizes, out, "output")):
+            if splits and (len(splits) != size or sum(splits) != tensor.shape[0]):
+                raise InvalidArgumentError(
+                    f"all_to_all_single: {name}_split_sizes {list(splits)} must hold {size} "
+                    f"counts of rows that sum to the {name}'s {tensor.shape[0]} rows")
         sends = [count * row for count in input_split_sizes] if input_split_sizes \
             else [mine.size // size] * size
 

@@ -237,3 +237,23 @@ def test_async_calls_made_inside_a_trace_block_are_traced():
     for where, calls in collectives.spawn(body, 2):
         assert where == ["all_reduce #2", "all_reduce #3"], where
         assert calls == ["all_reduce #2", "all_reduce #3"], calls
+
+
+def test_a_trace_block_starts_without_waiting_for_the_calls_queued_before_it():
+    """Rank 0 queues a recv, then, inside a trace block, does what lets rank 1 send: had the
+    block waited at its start for the queued recv, neither rank would have gone on."""
+    go = threading.Event()
+
+    def body(comm):
+        if comm.rank == 0:
+            got = numpy.zeros(3)
+            work = comm.recv(got, 1, async_op=True)
+            with comm.trace():
+                go.set()
+            work.wait()
+            return got.tolist()
+        go.wait(timeout=10)
+        comm.send(numpy.ones(3), 0)
+        return None
+
+    assert collectives.spawn(body, 2, timeout=5)[0] == [1.0, 1.0, 1.0]

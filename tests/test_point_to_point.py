@@ -18,6 +18,7 @@ import pytest
 import cases
 import collectives
 from cases import values
+from launch import mpiexec, rank_env
 
 TIMEOUT = 3  # seconds: a rank left waiting gives up after this
 
@@ -167,6 +168,36 @@ def test_a_receive_met_by_a_collective_raises_on_both_and_both_go_on(rank_pool, 
         numpy.testing.assert_array_equal(result["total"], values(0, 5, "float64")
                                          + values(1, 5, "float64"))
         numpy.testing.assert_array_equal(result["after"], values(1 - rank, 3, "int32"))
+
+
+@pytest.mark.parametrize("transport", ["mpi", "shm"])
+def test_on_three_ranks_a_collective_met_by_a_message_ends_or_goes_on_on_every_rank(transport):
+    """Rank 0 makes an all-reduce, rank 1 a recv from it, rank 2 the all-reduce. On shm the
+    message's rank answers every rank of the collective: all three raise MismatchError and go
+    on. On mpi only rank 0 hears rank 1, and rank 2 still waits for it: ranks 0 and 1 raise
+    MismatchError and refuse later calls, rank 2 times out; no rank takes a later call's data
+    for this one's."""
+    code = "\n".join([
+        "import numpy, collectives", f"comm = collectives.init({transport!r}, timeout=2)",
+        "said = []",
+        "for call in (lambda: comm.recv(numpy.zeros(3), 0) if comm.rank == 1",
+        "             else comm.all_reduce(numpy.ones(3)),",
+        "             lambda: comm.all_reduce(numpy.ones(2)).tolist()):",
+        "    try:",
+        "        said.append(str(call()))",
+        "    except collectives.CollectiveError as error:",
+        "        said.append(type(error).__name__)",
+        "print(comm.rank, said)"])
+    env = rank_env()
+    del env["PYTHONUNBUFFERED"]  # each rank then writes its line whole, at exit
+    lines = sorted(line for line in mpiexec(3, "-c", code, timeout=90, env=env).stdout
+                   .splitlines() if line[:1].isdigit())
+    if transport == "shm":
+        assert lines == [f"{rank} ['MismatchError', '[3.0, 3.0]']" for rank in range(3)], lines
+    else:
+        assert lines == ["0 ['MismatchError', 'CollectiveError']",
+                         "1 ['MismatchError', 'CollectiveError']",
+                         "2 ['CollectiveTimeoutError', 'CollectiveError']"], lines
 
 
 def test_sendrecv_works_in_place(run):

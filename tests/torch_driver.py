@@ -113,6 +113,13 @@ def calls_scenario(gloo: dist.ProcessGroup) -> None:
         dist.all_to_all_single(theirs, data, gets, sends, group=gloo)
         same(ours, theirs, f"all_to_all_single, splits on some ranks{', uneven' if odd else ''}")
     try:
+        dist.all_to_all_single(torch.empty(2 * size + 2), values(rank, 2 * size + 2),
+                               [2] * size, [2] * size)
+    except collectives.InvalidArgumentError as error:
+        assert "must hold" in str(error), error
+    else:
+        raise AssertionError("split sizes that leave rows out went through")
+    try:
         dist.all_to_all_single(torch.zeros(2, 2 * size).t(), values(rank, 4 * size))
     except collectives.InvalidArgumentError as error:
         assert "must be contiguous" in str(error), error

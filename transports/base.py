@@ -127,6 +127,10 @@ class Transport(ABC):
     # True where one exchange beats the ring at every size, so that larger all-reduces take
     # one-shot too, `one_shot_bytes` at a time (cuda_ipc on one shared GPU says why).
     one_shot_at_any_size: bool = False
+    # Whether a rank in a send or a recv that meets a collective answers every rank of it
+    # (slots.py, "Folded checks"), so that all raise and go on. Elsewhere only its peer in
+    # the message hears it, and on more than 2 ranks the others still wait for it.
+    answers_messages_met: bool = False
 
     def __init__(self, rank: int, size: int, *, segment_bytes: int | None = None,
                  one_shot_bytes: int | None = None, timeout: float | None = None,
