@@ -665,6 +665,10 @@ def test_a_middle_sized_message_takes_the_road_measured_cheaper():
     assert slots.times["in"] == 1 and slots.cost["in"] >= 3e-3 / 3000
     slots.settle()  # (nothing more was timed)
     assert slots.times["in"] == 1
+    copy_in(numpy.empty(1000, numpy.uint8))  # a call that raised before it settled:
+    assert slots.sample()  # the next sampled call starts afresh
+    slots.settle()
+    assert slots.times["in"] == 1
 
 
 @pytest.mark.parametrize("ranks", [2, 4])

@@ -254,7 +254,11 @@ class Roads:
         """Whether this call times the slots' copies (a direct read is always timed: one
         clock reading a message, where the slots take two a segment)."""
         self.calls += 1
-        return self.prefers_direct or self.calls % self.SAMPLE == 0 or self._warming("in", "out")
+        sampled = self.prefers_direct or self.calls % self.SAMPLE == 0 \
+            or self._warming("in", "out")
+        if sampled:  # (what a call that raised midway had timed is not this call's)
+            self._spent, self._moved = {"in": 0.0, "out": 0.0}, {"in": 0, "out": 0}
+        return sampled
 
     def _warming(self, *kinds: str) -> bool:
         """Whether any of these costs has fewer than WARM calls in it."""
