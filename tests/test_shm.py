@@ -703,16 +703,19 @@ def test_a_rank_killed_within_a_shared_message_ends_the_job():
     assert_gone(regions_of(job.stdout))
 
 
-def test_a_receiver_that_gives_up_on_a_shared_message_keeps_the_buffer_it_lent():
-    job = mpiexec(2, __file__, "late_share", timeout=60)
-    assert job.stdout.count("late share ok") == 2
+def scenario_ends_well(name: str, ranks: int, said: str) -> None:
+    """Run scenario `name` on `ranks` ranks: every rank says `said`, and no region is left."""
+    job = mpiexec(ranks, __file__, name, timeout=60)
+    assert job.stdout.count(said) == ranks
     assert_gone(regions_of(job.stdout))
+
+
+def test_a_receiver_that_gives_up_on_a_shared_message_keeps_the_buffer_it_lent():
+    scenario_ends_well("late_share", 2, "late share ok")
 
 
 def test_errors_come_before_any_region_and_regions_are_0600():
-    job = mpiexec(2, __file__, "errors", timeout=60)
-    assert job.stdout.count("errors ok") == 2
-    assert_gone(regions_of(job.stdout))
+    scenario_ends_well("errors", 2, "errors ok")
 
 
 def test_registered_memory_is_read_in_place_and_freed():
@@ -788,15 +791,11 @@ def late_reader_scenario() -> None:
 
 
 def test_a_late_receiver_does_not_read_a_message_taken_back():
-    job = mpiexec(2, __file__, "late_reader", timeout=60)
-    assert job.stdout.count("late reader ok") == 2
-    assert_gone(regions_of(job.stdout))
+    scenario_ends_well("late_reader", 2, "late reader ok")
 
 
 def test_a_wait_for_a_free_slot_names_the_rank_that_holds_it():
-    job = mpiexec(3, __file__, "slot_holder", timeout=60)
-    assert job.stdout.count("slot holder ok") == 3
-    assert_gone(regions_of(job.stdout))
+    scenario_ends_well("slot_holder", 3, "slot holder ok")
 
 
 SCENARIOS = {"collectives": collectives_scenario, "failure": failure_scenario,
