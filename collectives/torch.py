@@ -163,9 +163,20 @@ class ProcessGroup(dist.ProcessGroup):
         self.comm = comm
         self._comms = {comm.device: comm}
         self._make = make
+        self._group_name = ""
 
     def getBackendName(self) -> str:  # noqa: N802 - PyTorch's name
         return BACKEND
+
+    @property
+    def group_name(self) -> str:
+        """The name it has in torch.distributed's tables (`process_group`); torch's own
+        groups keep theirs in their backends, which a group written in Python has none of."""
+        return self._group_name
+
+    def shutdown(self) -> None:
+        """What `dist.destroy_process_group` calls: nothing to release, the communicators
+        are their makers' to close."""
 
     def _comm_for(self, tensor: torch.Tensor, call: str) -> Communicator:
         """The communicator that moves `tensor`'s device's arrays; InvalidTypeError naming
@@ -384,8 +395,48 @@ class ProcessGroup(dist.ProcessGroup):
 
 def process_group(comm: Communicator) -> ProcessGroup:
     """A torch.distributed process group over `comm`'s ranks, for
-    `DistributedDataParallel(model, process_group=...)` or any `group=` argument."""
-    return ProcessGroup(comm)
+    `DistributedDataParallel(model, process_group=...)` or any `group=` argument: every rank
+    of `comm` makes it, as `dist.new_group` is made, and `dist.destroy_process_group(group)`
+    forgets it (the communicator stays the caller's to close).
+
+    torch.distributed names ranks by their global rank (the default group's), and turns them
+    into the group's through its own tables (`src=`, `dst=`, `dist.get_rank(group)`): so the
+    group is entered there, with each rank's global rank gathered over `comm`. Without a
+    default group a rank's global rank is its rank in `comm` (`dist.get_rank(group)` still
+    needs a default group: torch asks that one for this process's rank)."""
+    group = ProcessGroup(comm)
+    if dist.is_initialized():
+        global_ranks = comm.all_gather(numpy.array(dist.get_rank(), numpy.int64)).tolist()
+    else:
+        global_ranks = list(range(comm.size))
+    _enter_group(group, {global_rank: rank for rank, global_rank in enumerate(global_ranks)},
+                 f"{comm.device}:{BACKEND}")
+    return group
+
+
+_groups_made = 0  # groups entered in torch's tables, for their names
+
+
+def _enter_group(group: ProcessGroup, ranks: dict[int, int], config: str) -> None:
+    """Enter `group` in torch.distributed's tables as `dist.new_group` does (its backend and
+    store, name, tag, and the global rank -> group rank map `ranks`), so that torch's
+    functions that take ranks, and `destroy_process_group`, accept it."""
+    global _groups_made
+    from torch.distributed import distributed_c10d as c10d
+
+    _groups_made += 1
+    name = f"{BACKEND}:{_groups_made}"
+    group._group_name = name
+    world = c10d._world
+    world.pg_map[group] = (BACKEND, dist.HashStore())
+    world.pg_names[group] = name
+    world.pg_backend_config[group] = config
+    world.pg_group_ranks[group] = ranks
+    tag = f"ptd:{name}"
+    world.tags_to_pg.setdefault(tag, []).append(group)
+    world.tags_to_pg.setdefault("", []).append(group)
+    world.pg_to_tag[group] = tag
+    c10d._register_process_group(name, group)  # (found by name by functional collectives)
 
 
 def _create(store: Any, rank: int, size: int, timeout: timedelta) -> ProcessGroup:

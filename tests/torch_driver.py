@@ -184,6 +184,51 @@ def calls_scenario(gloo: dist.ProcessGroup) -> None:
         ones = torch.ones(2)
         dist.all_reduce(ones)
         same(ones, torch.full((2,), float(size)), "all_reduce after a mismatch")
+    reversed_group_calls(gloo)
+
+
+def reversed_group_calls(gloo: dist.ProcessGroup) -> None:
+    """A group over a communicator whose ranks run the other way from the global ones, as any
+    `group=` argument: torch's functions take global ranks (`src=`, `dst=`) and turn them into
+    the group's through the tables `process_group` entered it in; results in group rank order."""
+    from mpi4py import MPI
+
+    rank, size = dist.get_rank(), dist.get_world_size()
+    last = size - 1  # the global rank of group rank 0
+    with collectives.init(comm=MPI.COMM_WORLD.Split(0, last - rank)) as comm:
+        group = ringcc_torch.process_group(comm)
+        assert dist.get_rank(group) == comm.rank == last - rank, (dist.get_rank(group), rank)
+        assert dist.get_process_group_ranks(group) == list(range(last, -1, -1))
+        box = values(rank, 6)
+        dist.broadcast(box, src=0, group=group)
+        same(box, values(0, 6), "broadcast from global rank 0 over the reversed group")
+        ours, theirs = values(rank, 6), values(rank, 6)
+        dist.reduce(ours, dst=0, group=group)
+        dist.reduce(theirs, dst=0, group=gloo)
+        if rank == 0:
+            same(ours, theirs, "reduce to global rank 0 over the reversed group")
+        blocks = [torch.empty(4) for _ in range(size)]
+        dist.all_gather(blocks, values(rank, 4), group=group)
+        for r in range(size):
+            same(blocks[r], values(last - r, 4), "all_gather in group rank order")
+        box = torch.empty(3)
+        dist.scatter(box, [values(j, 3) for j in range(size)] if rank == 0 else None, src=0,
+                     group=group)
+        same(box, values(last - rank, 3), "scatter from global rank 0: block by group rank")
+        if size > 1:  # rank 0 sends to the last rank, by their global ranks
+            if rank == 0:
+                dist.send(values(7, 5), dst=last, group=group)
+            elif rank == last:
+                dist.recv(box := torch.empty(5), src=0, group=group)
+                same(box, values(7, 5), "recv from global rank 0 over the reversed group")
+        dist.destroy_process_group(group)  # forgotten by torch; the communicator is ours
+        try:
+            dist.broadcast(values(rank, 2), src=0, group=group)
+        except ValueError as error:
+            assert "not" in str(error), error
+        else:
+            raise AssertionError("a destroyed group still took calls")
+        comm.barrier()
 
 
 class Net(nn.Module):
