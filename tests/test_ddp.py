@@ -170,6 +170,26 @@ def test_a_parameter_without_gradient_is_reported_at_the_next_forward():
     assert collectives.spawn(body, 2) == [True, True]
 
 
+def test_a_broadcast_weight_is_averaged_too():
+    """A weight of (1, 3, 2) applied to a batch of (4, 5, 3): DDP computes gradients into the
+    flat vector where it can, which for a weight summed over the batch it cannot."""
+    class Batched(Module):
+        def __init__(self) -> None:
+            self.weight = Tensor(numpy.ones((1, 3, 2)), requires_grad=True)
+
+        def forward(self, x: Tensor) -> Tensor:
+            return x @ self.weight
+
+    def grad(comm):
+        model = Batched()
+        with DistributedDataParallel(model, comm) as ddp:
+            ddp(Tensor(numpy.full((4, 5, 3), comm.rank + 1.0))).sum().backward()
+        return model.weight.grad
+
+    for got in collectives.spawn(grad, 2):
+        numpy.testing.assert_array_equal(got, numpy.full((1, 3, 2), 20 * 1.5))
+
+
 def test_one_rank_is_left_alone_and_bad_bucket_sizes_are_refused():
     def body(comm):
         model = MLP(SIZES, seed=0, dtype=numpy.float64)

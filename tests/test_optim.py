@@ -7,8 +7,9 @@ import numpy
 import pytest
 
 from trainer.__main__ import base_lr, parse_args
+from trainer.nn import Linear, ReLU, Sequential
 from trainer.optim import LAMB, SGD, Adam, learning_rate
-from trainer.tensor import Tensor
+from trainer.tensor import Tensor, cross_entropy
 
 LR, BETAS, EPS, DECAY = 0.01, (0.8, 0.95), 1e-6, 0.1
 
@@ -104,6 +105,11 @@ def test_state_dicts_refuse_other_optimizers_and_bad_arguments():
         Adam([param], LR).load_state_dict(SGD([param], LR, momentum=0.9).state_dict())
     with pytest.raises(KeyError, match="unexpected"):
         SGD([param], LR).load_state_dict(Adam([param], LR).state_dict())
+    # A state of the same size in another shape (a transposed weight) would load misplaced.
+    wide, tall = (Tensor(numpy.zeros(shape), requires_grad=True) for shape in ((2, 3), (3, 2)))
+    with pytest.raises(ValueError, match=r"exp_avg.0 has shape \(3, 2\), but its parameter "
+                                         r"has shape \(2, 3\)"):
+        Adam([wide], LR).load_state_dict(Adam([tall], LR).state_dict())
     for bad in (dict(lr=0.0), dict(lr=LR, betas=(1.0, 0.9)), dict(lr=LR, eps=0.0),
                 dict(lr=LR, weight_decay=-1.0)):
         with pytest.raises(ValueError):
@@ -119,3 +125,31 @@ def test_warmup_and_linear_scaling():
     assert base_lr(parse_args(["--lr", "0.3", "--batch-size", "32"])) == 0.3
     assert base_lr(parse_args(["--lr", "0.3", "--batch-size", "32", "--lr-scaling", "linear",
                                "--base-batch-size", "64"])) == 0.15
+
+
+def test_a_parameter_in_another_memory_order_is_stepped_in_place():
+    """A weight stored (out, in) and used as its transpose (Fortran order): stepped through a
+    flat view, which for it was a copy, it never moved."""
+    for make in (lambda p: SGD(p, 0.1, momentum=0.9), lambda p: Adam(p, 0.1)):
+        param = Tensor(numpy.ones((2, 3)).T, requires_grad=True)
+        optimizer = make([param])
+        (Tensor(numpy.ones((4, 3))) @ param).sum().backward()
+        before = param.data.copy()
+        optimizer.step()
+        assert numpy.abs(param.data - before).min() > 0.05, param.data - before
+        assert optimizer.state[0] == {} or all(numpy.abs(a).max() > 0
+                                               for a in optimizer.state[0].values())
+
+
+def test_a_shared_parameter_is_listed_and_stepped_once():
+    """Weight tying: one layer applied twice is one parameter, listed once (as in PyTorch),
+    so one SGD step moves it by lr times its gradient, not twice that."""
+    shared = Linear(4, 4, numpy.random.default_rng(0), dtype=numpy.float64)
+    model = Sequential(shared, ReLU(), shared)
+    assert [name for name, _ in model.named_parameters()] == ["layers.0.weight",
+                                                              "layers.0.bias"]
+    x = numpy.random.default_rng(1).standard_normal((8, 4))
+    cross_entropy(model(Tensor(x)), numpy.arange(8) % 4).backward()
+    expected = shared.weight.data - 0.1 * shared.weight.grad
+    SGD(model.parameters(), 0.1).step()
+    numpy.testing.assert_allclose(shared.weight.data, expected, rtol=1e-12)

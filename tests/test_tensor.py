@@ -228,6 +228,22 @@ def test_a_product_gradient_is_computed_into_grad_out_when_it_is_the_first_term(
     assert expected[1][1] is buffers[1]  # and the second term added there
 
 
+def test_a_broadcast_weight_takes_its_summed_gradient_not_grad_out():
+    """A weight of (1, 3, 2) times inputs of (4, 5, 3): its gradient sums over the batch, so it
+    cannot be computed into `grad_out` (as DDP asks), which broke backward."""
+    x, w = data(7, (4, 5, 3), (1, 3, 2))
+    grads = []
+    for out in (False, True):
+        weight = Tensor(w.copy(), requires_grad=True)
+        if out:
+            weight.grad_out = numpy.full(w.shape, numpy.nan)
+        (Tensor(x) @ weight).sum().backward()
+        grads.append(weight.grad)
+    numpy.testing.assert_allclose(grads[1], grads[0], rtol=1e-12)
+    numpy.testing.assert_allclose(grads[0], x.sum(axis=(0, 1))[None, :, None].repeat(2, -1),
+                                  rtol=1e-12)
+
+
 def test_deep_graphs_do_not_recurse():
     a = Tensor(numpy.array([0.5]), requires_grad=True)
     y = a

@@ -90,6 +90,55 @@ def test_stage_2_keeps_two_buckets_and_the_shard_of_the_gradients():
     assert whole["gradients"] == 76 * 8 + 19 * 8
 
 
+def flat_gradients(comm, zero: int, backwards: int, steps: int = 0) -> numpy.ndarray:
+    """The averaged gradients after `backwards` backwards on batches 0, 1, ... with no
+    zero_grad between them, then `steps` times zero_grad and step (with no backward); every
+    rank's whole flat vector (ZeRO's shards gathered)."""
+    model = MLP(SIZES, seed=0, dtype=numpy.float64)
+    lo, hi = collectives.chunk_bounds(BATCH, comm.size)[comm.rank]
+    if zero:
+        wrapper = ZeroDataParallel(model, comm, zero, bucket_mb=1e-4)
+        optimizer = ShardedOptimizer(wrapper, SGD(wrapper.shards, 0.1))
+    else:
+        wrapper = DistributedDataParallel(model, comm, bucket_mb=1e-4)
+        optimizer = SGD(model.parameters(), 0.1)
+    with wrapper:
+        for t in range(backwards):
+            loss = cross_entropy(wrapper(Tensor(XS[t, lo:hi])), YS[t, lo:hi], "sum")
+            (loss * (comm.size / BATCH)).backward()
+        grads = wrapper.gather_flat([s.grad for s in wrapper.shards])[:wrapper.layout.real] \
+            if zero else numpy.concatenate([g.reshape(-1) for g in wrapper._views()])
+        before = model.state_dict()
+        for _ in range(steps):
+            optimizer.zero_grad()
+            optimizer.step()
+        assert_same_params(model.state_dict(), before, rtol=0)  # no gradient: no move
+    return grads
+
+
+def test_zero_gradients_add_up_over_backwards_until_zero_grad():
+    """As DDP's (and PyTorch's): two backwards without zero_grad leave the sum of both
+    averages in the shards, not the second alone; a step after zero_grad moves nothing."""
+    want = collectives.spawn(flat_gradients, 2, 0, 2)[0]
+    once = collectives.spawn(flat_gradients, 2, 0, 1)[0]
+    assert numpy.abs(want - once).max() > 1e-3
+    for stage in (1, 2):
+        for got in collectives.spawn(flat_gradients, 2, stage, 2, 1):
+            numpy.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
+
+
+def test_a_state_of_other_shapes_is_refused():
+    def load(comm):
+        model = MLP([6, 5, 4, 3], seed=0, dtype=numpy.float64)
+        zero = ZeroDataParallel(model, comm, 1)
+        optimizer = ShardedOptimizer(zero, Adam(zero.shards, 0.1))
+        other = MLP([6, 4, 4, 3], seed=0, dtype=numpy.float64).parameters()
+        with pytest.raises(ValueError, match=r"has shape \(6, 4\), but its parameter has "
+                                             r"shape \(6, 5\)"):
+            optimizer.load_state_dict(Adam(other, 0.1).state_dict())
+    collectives.spawn(load, 2)
+
+
 def test_a_state_gathered_on_four_ranks_resumes_on_three_and_on_ddp():
     whole = collectives.spawn(train, 1, "lamb", 0)[0]
     first = collectives.spawn(train, 4, "lamb", 1, range(3))[0]

@@ -26,17 +26,27 @@ class Module:
         return self.forward(x)
 
     def named_parameters(self) -> Iterator[tuple[str, Tensor]]:
-        """(dotted name, parameter) pairs, in the order the attributes were set."""
+        """(dotted name, parameter) pairs, in the order the attributes were set; a parameter
+        used in two places (tied weights) once, under its first name, as in PyTorch: listed
+        twice, it would be stepped twice, and its gradient sent twice."""
+        seen: set[int] = set()
+        for name, param in self._every_parameter():
+            if id(param) not in seen:
+                seen.add(id(param))
+                yield name, param
+
+    def _every_parameter(self) -> Iterator[tuple[str, Tensor]]:
+        """Every (dotted name, parameter) pair, a shared parameter under each of its names."""
         for name, value in vars(self).items():
             if isinstance(value, Tensor) and value.requires_grad:
                 yield name, value
             elif isinstance(value, Module):
-                for sub, param in value.named_parameters():
+                for sub, param in value._every_parameter():
                     yield f"{name}.{sub}", param
             elif isinstance(value, (list, tuple)):
                 for i, item in enumerate(value):
                     if isinstance(item, Module):
-                        for sub, param in item.named_parameters():
+                        for sub, param in item._every_parameter():
                             yield f"{name}.{i}.{sub}", param
 
     def parameters(self) -> list[Tensor]:

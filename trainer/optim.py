@@ -57,6 +57,9 @@ class Optimizer:
             raise ValueError(f"need lr > 0 and weight_decay >= 0; got lr={lr}, "
                              f"weight_decay={weight_decay}")
         self.params = list(params)
+        for p in self.params:  # stepped through flat views: a strided one would be a copy
+            if not p.data.flags.c_contiguous:
+                p.data = p.xp.ascontiguousarray(p.data)
         self.lr, self.weight_decay = lr, weight_decay
         self.steps = 0
         self.state = [{name: p.xp.zeros_like(p.data) for name in self.state_names}
@@ -105,7 +108,17 @@ class Optimizer:
         self.steps = int(state["step"])
         for i, (p, arrays) in enumerate(zip(self.params, self.state)):
             for name, array in arrays.items():
-                array[...] = p.xp.asarray(state[f"{name}.{i}"]).reshape(array.shape)
+                array[...] = p.xp.asarray(state_array(state, f"{name}.{i}", array.shape))
+
+
+def state_array(state: dict[str, Any], key: str, shape: tuple[int, ...]) -> Any:
+    """`state[key]`, refused unless it has its parameter's `shape` (a state of another model,
+    or of a transposed weight, would load misplaced)."""
+    array = state[key]
+    if tuple(array.shape) != tuple(shape):
+        raise ValueError(f"optimizer state {key} has shape {tuple(array.shape)}, but its "
+                         f"parameter has shape {tuple(shape)}")
+    return array
 
 
 class SGD(Optimizer):

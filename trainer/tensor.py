@@ -189,7 +189,7 @@ class Tensor:
         """Add a @ b (summed down to this tensor's shape) to the gradient; into `grad_out`
         where it needs no summing: the first term lands there, the next ones add up there
         (the buffer is this tensor's own, so in place is safe)."""
-        if self.grad_out is None or not a.ndim == b.ndim == self.data.ndim:
+        if self.grad_out is None or a.shape[:-1] + b.shape[-1:] != self.shape:
             self._accumulate(_unbroadcast(a @ b, self.shape))
         elif self.grad is None:
             self.grad = self.xp.matmul(a, b, out=self.grad_out)

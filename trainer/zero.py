@@ -7,7 +7,8 @@ zeros to a multiple of N ranks, and each bucket is a multiple of N long, so that
 N equal blocks; rank r owns block r of every bucket, as each FSDP unit is sharded.
 
 - Backward reduce-scatters each bucket (averaging): rank r receives only the average of its
-  blocks, its gradient shard (`grad_shard`).
+  blocks, its gradient shard (`grad_shard`). As gradients do, shards add up over backwards
+  until `zero_grad` clears them (`shards[k].grad` None; the next backward writes in place).
 - The optimizer (`ShardedOptimizer`) updates only the rank's blocks of the parameters, with
   state for those alone: 1/N of DDP's optimizer state.
 - Each bucket of parameters is then all-gathered, so every rank again holds them all.
@@ -36,7 +37,7 @@ from collectives import Communicator, Work, module_for_device, to_numpy
 from .compress import from_float16, to_float16
 from .ddp import DistributedDataParallel
 from .nn import Module
-from .optim import Optimizer
+from .optim import Optimizer, state_array
 from .tensor import Tensor
 
 
@@ -72,15 +73,17 @@ class ZeroDataParallel(DistributedDataParallel):
                            for _ in layout.buckets[:2]]
         self._holder: list[int | None] = [None] * len(self._slots)  # the bucket in each
         self.grad_shard = xp.zeros(layout.size // size, dtype)
+        self._added: Any = None  # where a backward's block lands to be added to a shard's
         self.shards: list[Tensor] = []
+        self._shard_grads: list[Any] = []  # each shard's part of grad_shard
         self.blocks: list[tuple[int, int]] = []  # [lo, hi) of this rank's block of each bucket
         at = 0
         for lo, hi in layout.buckets:
             block = (hi - lo) // size
             self.blocks.append((lo + rank * block, lo + (rank + 1) * block))
-            shard = Tensor(self.flat_params[slice(*self.blocks[-1])], requires_grad=True)
-            shard.grad = self.grad_shard[at: at + block]
-            self.shards.append(shard)
+            self.shards.append(Tensor(self.flat_params[slice(*self.blocks[-1])],
+                                      requires_grad=True))  # (grad None until a backward)
+            self._shard_grads.append(self.grad_shard[at: at + block])
             at += block
         self._half_shard = xp.empty(layout.buckets[0][1] // size, numpy.float16) \
             if self.half else None
@@ -101,19 +104,33 @@ class ZeroDataParallel(DistributedDataParallel):
         return self._slots[slot][:hi - lo]
 
     def _reduce(self, k: int, async_op: bool = False) -> Work | None:
-        """Reduce-scatter bucket `k`: this rank's block of the average lands in its shard."""
-        comm, grads = self.comm, self._bucket(k)
-        shard = self.shards[k].grad
+        """Reduce-scatter bucket `k`: this rank's block of the average lands in its shard, or
+        is added to it where the shard's gradient was not cleared since the last backward."""
+        shard = self.shards[k]
+        adds = shard.grad is not None
+        shard.grad = self._shard_grads[k]
+        if async_op and (self.half or adds):  # several steps: queued as one
+            return self.comm.submit(self._reduce_into, k, adds)
+        return self._reduce_into(k, adds, async_op)
+
+    def _reduce_into(self, k: int, adds: bool, async_op: bool = False) -> Work | None:
+        comm, grads, shard = self.comm, self._bucket(k), self._shard_grads[k]
+        if adds and self._added is None:  # (made at the first backward that adds)
+            self._added = module_for_device(comm.device).empty(
+                self.layout.buckets[0][1] // comm.size, shard.dtype)
+        into = self._added[:shard.size] if adds else shard
         if not self.half:
-            work = comm.reduce_scatter(grads.reshape(comm.size, -1), shard, op="avg",
+            work = comm.reduce_scatter(grads.reshape(comm.size, -1), into, op="avg",
                                        async_op=async_op)
-            return work if async_op else None
-        if async_op:  # the scale, then the reduction: queued as one
-            return comm.submit(self._reduce, k)
-        half, half_shard = self._half[:grads.size], self._half_shard[:shard.size]
-        scale = to_float16(comm, grads, half)
-        comm.reduce_scatter(half.reshape(comm.size, -1), half_shard, op="sum")
-        from_float16(half_shard, scale * comm.size, shard)
+            if async_op:
+                return work
+        else:
+            half, half_shard = self._half[:grads.size], self._half_shard[:shard.size]
+            scale = to_float16(comm, grads, half)
+            comm.reduce_scatter(half.reshape(comm.size, -1), half_shard, op="sum")
+            from_float16(half_shard, scale * comm.size, into)
+        if adds:
+            shard += into
         return None
 
     def _hand_out(self) -> None:
@@ -128,7 +145,8 @@ class ZeroDataParallel(DistributedDataParallel):
         self.comm_seconds += time.perf_counter() - start
 
     def memory_bytes(self) -> dict[str, int]:
-        kept = [self.grad_shard, self.grads, *self._slots, self._half, self._half_shard]
+        kept = [self.grad_shard, self.grads, *self._slots, self._half, self._half_shard,
+                self._added]
         return {"parameters": self.flat_params.nbytes,
                 "gradients": sum(b.nbytes for b in kept if b is not None)}
 
@@ -195,7 +213,9 @@ class ShardedOptimizer:
         self.zero.gather_parameters()
 
     def zero_grad(self) -> None:
-        """Forget the model's local gradients (the shard is overwritten by each backward)."""
+        """Forget the gradients: the model's local ones, and the shards' (a step with none
+        skips them, and the next backward writes them afresh)."""
+        self.optimizer.zero_grad()
         self.zero.module.zero_grad()
 
     def state_bytes(self) -> int:
@@ -214,12 +234,14 @@ class ShardedOptimizer:
         """Take this rank's shard of a whole state (as `state_dict` returns)."""
         count = len(self.zero.layout.params)
         flats = {}
+        shapes = [param.shape for param in self.zero.layout.params][::-1]
         for name in self.optimizer.state_names:
             keys = [f"{name}.{i}" for i in range(count)]
             missing = [key for key in keys if key not in state]
             if missing:
                 raise KeyError(f"optimizer state does not match: missing {missing}")
-            flats[name] = self.zero.flatten([state[key] for key in keys])
+            flats[name] = self.zero.flatten([state_array(state, key, shape)
+                                             for key, shape in zip(keys, shapes)])
         unexpected = set(state) - {"step"} - {f"{name}.{i}" for name in flats
                                               for i in range(count)}
         if unexpected:
