@@ -173,6 +173,19 @@ def test_a_setting_bad_or_different_on_one_rank_is_refused_on_every_rank(setting
     assert out.count("refused:") == 2 and out.count(said) == 2, out
 
 
+@pytest.mark.parametrize("setting, said", [
+    (dict(segment_bytes=0), "segment_bytes must be positive, got 0"),
+    (dict(one_shot_bytes=-1), "one_shot_bytes must be >= 0, got -1"),
+    (dict(timeout=0), "timeout must be positive, got 0"),
+    (dict(node_size=0), "node_size"),
+], ids=["segment", "one shot", "timeout", "node size"])
+def test_spawn_refuses_bad_settings_as_init_does(setting, said):
+    """With InvalidArgumentError, a CollectiveError as every error of ringcc (a plain
+    ValueError came out of spawn)."""
+    with pytest.raises(collectives.InvalidArgumentError, match=said):
+        collectives.spawn(lambda comm: None, 2, **setting)
+
+
 def test_empty_and_zeros_give_arrays_every_collective_takes():
     def body(comm):
         zeros = comm.zeros((2, 3), "int16")

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import numpy
 
-from .errors import CallsDiffer, CollectiveTimeoutError, MismatchError
+from .errors import CallsDiffer, CollectiveTimeoutError, InvalidArgumentError, MismatchError
 
 # A reduction is a binary ufunc of the array module: op(mine, incoming, out=acc).
 ReduceOp = Callable[..., Any]
@@ -92,7 +92,8 @@ def configured(segment_bytes: int | str | None, one_shot_bytes: int | str | None
                timeout: float | str | None) -> tuple[int | None, int | None, float]:
     """segment_bytes, one_shot_bytes and timeout as given, else from $RINGCC_SEGMENT_BYTES,
     $RINGCC_ONE_SHOT_BYTES and $RINGCC_TIMEOUT, checked (None: the transport's default; the
-    timeout's is DEFAULT_TIMEOUT_S). ValueError names one that is out of range or no number."""
+    timeout's is DEFAULT_TIMEOUT_S). InvalidArgumentError (a ValueError) names one that is out
+    of range or no number."""
     given = {"segment_bytes": segment_bytes, "one_shot_bytes": one_shot_bytes,
              "timeout": timeout}
     settled: dict[str, Any] = {}
@@ -105,14 +106,16 @@ def configured(segment_bytes: int | str | None, one_shot_bytes: int | str | None
         try:
             settled[name] = float(value) if name == "timeout" else int(value)
         except (TypeError, ValueError):
-            raise ValueError(f"{name} (or $RINGCC_{name.upper()}) must be a number, got "
-                             f"{value!r}") from None
+            raise InvalidArgumentError(f"{name} (or $RINGCC_{name.upper()}) must be a number, "
+                                       f"got {value!r}") from None
     if settled["segment_bytes"] is not None and settled["segment_bytes"] < 1:
-        raise ValueError(f"segment_bytes must be positive, got {settled['segment_bytes']}")
+        raise InvalidArgumentError(f"segment_bytes must be positive, got "
+                                   f"{settled['segment_bytes']}")
     if settled["one_shot_bytes"] is not None and settled["one_shot_bytes"] < 0:
-        raise ValueError(f"one_shot_bytes must be >= 0, got {settled['one_shot_bytes']}")
+        raise InvalidArgumentError(f"one_shot_bytes must be >= 0, got "
+                                   f"{settled['one_shot_bytes']}")
     if not settled["timeout"] > 0:
-        raise ValueError(f"timeout must be positive, got {settled['timeout']}")
+        raise InvalidArgumentError(f"timeout must be positive, got {settled['timeout']}")
     return settled["segment_bytes"], settled["one_shot_bytes"], settled["timeout"]
 
 
