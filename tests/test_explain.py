@@ -157,6 +157,38 @@ def test_the_explainer_imports_flow_one_way():
                    env=rank_env(), check=True, timeout=60)
 
 
+@pytest.mark.parametrize("ranks, node_size, count", [(2, 2, 4), (6, 3, 2), (4, 1, 3), (6, 2, 12)])
+def test_the_hierarchical_average_is_replayed_where_every_rank_divides(capsys, ranks, node_size,
+                                                                      count):
+    """Every rank divides its shard once it is reduced over every node, whether or not it
+    received in the last step across (one node; shards too small to cut across nodes): the
+    replay divided only where it had, and ended on sums."""
+    out = run_explain(capsys, "hierarchical", "--ranks", str(ranks), "--node-size",
+                      str(node_size), "--count", str(count), "--op", "avg")
+    assert out.count(": yes") == 2 and ": NO" not in out, out
+
+
+def test_the_lessons_that_show_the_ring_run_it_whatever_auto_would_take(monkeypatch):
+    """On more than 2 ranks that outnumber the cores, `auto` takes the two-shot algorithm from
+    1 MiB chunks, whose sends all start at once: no steps of the ring to draw (the schedule
+    found "a cycle of waits"). The all-reduce lesson asks for the ring; a reduce-scatter,
+    which has no choice to make, is refused with the reason."""
+    asked = {}
+
+    class Recorder:
+        def all_reduce(self, *args, **options):
+            asked.update(options)
+
+    setup = explain.Setup("all_reduce", 3, 6, 0, "sum", 48)
+    explain.LESSONS["all_reduce"].run(Recorder(), explain.LESSONS["all_reduce"].start(0, setup),
+                                      setup)
+    assert asked["algorithm"] == "ring"
+    monkeypatch.setattr("collectives.explain.run.two_shot_pays", lambda transport, sizes: True)
+    setup = explain.Setup("reduce_scatter", 3, 6, 0, "sum", 48)
+    with pytest.raises(collectives.InvalidArgumentError, match="takes the two-shot algorithm"):
+        collectives.spawn(explain.run_rank, 3, setup, ("reduce_scatter",))
+
+
 def test_bad_arguments_are_refused(capsys):
     with pytest.raises(SystemExit):
         explain.main(["all_gather", "--count", "5"])  # not a multiple of 4 ranks
@@ -164,6 +196,20 @@ def test_bad_arguments_are_refused(capsys):
         explain.main(["all_gather", "--op", "sum"])
     with pytest.raises(SystemExit):
         explain.main(["scatter", "--root", "4"])
+    for argv in (["hierarchical", "--ranks", "6", "--node-size", "0"],  # was taken as 2
+                 ["all_reduce", "--segment-bytes", "0"],  # was taken as the default
+                 ["all_reduce", "--segment-bytes", "-1"]):  # was a traceback
+        with pytest.raises(SystemExit):
+            explain.main(argv)
+        assert "must be at least 1" in capsys.readouterr().err, argv
+
+
+def test_a_run_the_transport_refuses_ends_with_the_reason_not_a_traceback():
+    job = mpiexec(2, "-m", "collectives.explain", "hierarchical", "--node-size", "1",
+                  "--transport", "mpi", timeout=90, check=False)
+    assert job.returncode != 0 and "Traceback" not in job.stderr, job.stderr
+    assert "explain: the hierarchical all-reduce needs the hierarchical transport" in \
+        job.stdout + job.stderr, job.stdout + job.stderr
 
 
 def synthetic(collective: str, a: float, b: float) -> list[dict]:

@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from transports import registry
+from transports.errors import CollectiveError
 
 from . import picture
 from .lessons import ALL_REDUCES, DTYPE, LESSONS, REDUCE, Setup
@@ -26,8 +27,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         "job's ranks")
     parser.add_argument("--count", type=int, default=8, help="elements in the buffer (all-gather,"
                         " gather: the output; reduce-scatter, scatter, all-to-all: the input)")
-    parser.add_argument("--root", type=int, help="root rank (broadcast, scatter, gather, reduce, "
-                        "reduce_broadcast)")
+    parser.add_argument("--root", type=int, help="root rank (broadcast, scatter, gather, reduce)")
     parser.add_argument("--op", choices=list(REDUCE), help="reduction (default sum)")
     parser.add_argument("--node-size", type=int, help="hierarchical: ranks per node, "
                         "consecutive (default 2)")
@@ -50,6 +50,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"{args.collective} runs on flat ranks; --node-size does not apply")
     if args.count < 0:
         parser.error("--count must not be negative")
+    for name in ("node_size", "segment_bytes"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.frame is not None and not args.svg:
         parser.error("--frame draws a still SVG; give --svg too")
     return args
@@ -63,7 +66,8 @@ def setup_for(args: argparse.Namespace, size: int) -> Setup:
         raise ValueError("--ranks must be at least 1")
     if not 0 <= root < size:
         raise ValueError(f"--root {root} is not a rank in [0, {size})")
-    node_size = (args.node_size or 2) if args.collective == "hierarchical" else 0
+    node_size = (2 if args.node_size is None else args.node_size) \
+        if args.collective == "hierarchical" else 0
     if node_size and (node_size < 1 or size % node_size):
         raise ValueError(f"--node-size {node_size} does not cut {size} ranks into whole nodes")
     if lesson.blocks and args.count % size:
@@ -91,10 +95,13 @@ def main(argv: list[str] | None = None) -> None:
         setup = setup_for(args, size)
     except ValueError as error:
         sys.exit(f"explain: {error}" if rank == 0 else 1)  # every rank stops; rank 0 says why
-    if threads:
-        per_rank, transport = on_threads(setup, names), "threads"
-    else:
-        per_rank, transport = on_real_ranks(setup, args.transport, names)
+    try:
+        if threads:
+            per_rank, transport = on_threads(setup, names), "threads"
+        else:
+            per_rank, transport = on_real_ranks(setup, args.transport, names)
+    except CollectiveError as error:  # what the run refused (every rank raises it)
+        sys.exit(f"explain: {error}" if rank == 0 else 1)
     if rank != 0:
         return
     try:

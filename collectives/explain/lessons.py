@@ -73,8 +73,11 @@ class Lesson:
     reduces: bool = False
     rooted: bool = False
     blocks: bool = False  # the buffer is cut into N equal blocks, so N must divide count
-    # op "avg": the phase after whose last move a rank divides `averaged(rank)` by N.
+    # op "avg": the phase after whose last move a rank that received in it divides
+    # `averaged(rank)` by N; or, where every rank divides whatever it received, the phase
+    # before whose first move it does (at its end if it has none): `divide_before`.
     average_phase: str = ""
+    divide_before: str = ""
     averaged: Callable[[int, Setup], tuple[int, int]] = _everything
     divisor: Callable[[int, Setup], int] = _every_rank_reduced  # what "avg" divides by
     boxes: bool = False  # naive ring: moves land in two boxes, then reduce into the buffer
@@ -288,7 +291,7 @@ def _sendrecv_target(rank: int, setup: Setup) -> numpy.ndarray:
 LESSONS: dict[str, Lesson] = {
     "all_reduce": Lesson(
         title="ring all-reduce", piece="chunk", grid=lambda s: chunk_bounds(s.count, s.size),
-        run=lambda comm, buf, s: comm.all_reduce(buf, buf, op=s.op),
+        run=lambda comm, buf, s: comm.all_reduce(buf, buf, op=s.op, algorithm="ring"),
         target=_all_reduce_target,
         sends=_every_rank(lambda s: 2 * (s.size - 1) * s.nbytes / s.size,
                           "2(N-1)/N S each, the least the busiest rank can send"),
@@ -357,6 +360,6 @@ LESSONS: dict[str, Lesson] = {
               "all-gather in each node", piece="shard", grid=_shards,
         run=lambda comm, buf, s: comm.all_reduce(buf, buf, op=s.op, algorithm="hierarchical"),
         target=_all_reduce_target, sends=_hierarchical_sends, reduces=True,
-        average_phase="across all-gather", averaged=lambda r, s: _shards(s)[r % s.node_size]),
+        divide_before="node all-gather", averaged=lambda r, s: _shards(s)[r % s.node_size]),
 }
 ALL_REDUCES = ("all_reduce", "naive_ring", "reduce_broadcast")

@@ -11,7 +11,10 @@ import numpy
 
 import collectives
 
+from transports.errors import InvalidArgumentError
+
 from ..communicator import Communicator
+from ..two_shot import AUTO_CHUNK_BYTES, two_shot_pays
 from .lessons import DTYPE, LESSONS, Lesson, Setup
 from .schedule import Divide, Move, replay, schedule
 
@@ -21,6 +24,13 @@ def run_rank(comm: Communicator, setup: Setup, names: tuple[str, ...]) -> dict:
     out = {}
     for name in names:
         lesson = LESSONS[name]
+        block = setup.count // max(setup.size, 1) * DTYPE.itemsize
+        if name == "reduce_scatter" and two_shot_pays(comm._transport, [block] * comm.size):
+            raise InvalidArgumentError(
+                f"on {comm.size} ranks that outnumber the cores, a reduce-scatter of blocks "
+                f"of {AUTO_CHUNK_BYTES} bytes or more takes the two-shot algorithm "
+                f"(collectives/two_shot.py), not the ring this lesson shows: give a smaller "
+                f"--count")
         start = lesson.start(comm.rank, setup)
         with comm.trace() as records:
             result = lesson.run(comm, start, replace(setup, collective=name))

@@ -94,7 +94,8 @@ def replay(lesson: Lesson, setup: Setup, frames: list[list[Move]],
     Each step first reads everything that is sent, then lands it: a rank never sends what it
     receives in the same step. For op "avg", a rank that received during
     `lesson.average_phase` divides its reduced range (by N, or as the lesson says) after its
-    last step of that phase, as the algorithms do.
+    last step of that phase, as the algorithms do; or, for `lesson.divide_before`, every rank
+    divides before its first step of that phase.
     """
     op = REDUCE[setup.op]
     shown = [lesson.start(r, setup) for r in range(setup.size)]
@@ -103,6 +104,10 @@ def replay(lesson: Lesson, setup: Setup, frames: list[list[Move]],
     divide_after = {}  # rank -> after how many of its steps it divides
     if setup.op == "avg":
         for rank, mine in enumerate(records):
+            if lesson.divide_before:
+                later = [k for k, r in enumerate(mine) if r["phase"] == lesson.divide_before]
+                divide_after[rank] = later[0] if later else len(mine)
+                continue
             steps = [k for k, r in enumerate(mine) if r["phase"] == lesson.average_phase]
             if any(mine[k]["recv"] is not None for k in steps):
                 divide_after[rank] = steps[-1] + 1
