@@ -89,8 +89,9 @@ def init(transport: str = "auto", comm: Any = None, *, device: str | None = None
         "cuda" for transport "cuda_ipc", else "cpu". "auto" never picks the device itself: a
         communicator moves one kind of array, fixed here, before it sees any.
     segment_bytes: how large messages are cut for pipelining (also bounds scratch memory).
-    one_shot_bytes: all-reduces up to this size take the one-shot path instead of the ring
-        (default: the transport's measured crossover, or $RINGCC_ONE_SHOT_BYTES; 0: always ring).
+    one_shot_bytes: buffers (or blocks) up to this size make one exchange instead of the
+        step-by-step algorithm, in every collective but scatter, and in the small-call lanes
+        (default: the transport's measured crossover, or $RINGCC_ONE_SHOT_BYTES; 0: never).
     timeout: seconds any wait may last (default 300, or $RINGCC_TIMEOUT).
     trace: record every transfer from the start (see `Communicator.trace`).
     check: compare every call across ranks before data moves (default on; $RINGCC_CHECK=0).

@@ -1,9 +1,9 @@
 """All-to-all by pairwise exchange: block j of rank i's buffer ends as block i of rank j's.
 
-Each rank copies the block it keeps, then makes N-1 exchanges: in step s, rank r sends its
-block for rank r+s and receives rank r-s's block for it (mod N), both at once. Each step every
-rank sends one message and receives one, so no rank waits on a busy one, and every block
-travels once, straight to where it belongs. The schedule for 4 ranks, as "sent/received"
+Each rank copies the block it keeps, then makes N-1 exchanges: in step s (from 0), rank r
+sends its block for rank r+s+1 and receives rank r-s-1's block for it (mod N), both at once.
+Each step every rank sends one message and receives one, so no rank waits on a busy one, and
+every block travels once, straight to where it belongs. The schedule for 4 ranks, as "sent/received"
 (block number sent / rank it came from; a test runs the code and checks this table):
 
     phase       step   rank 0   rank 1   rank 2   rank 3

@@ -13,8 +13,10 @@ Each rank describes its call in six non-negative integers, its descriptor:
     root         1 + the root rank (0 where the collective has none)
 
 and every rank reads every other rank's descriptor through the transport's exchange of small
-inputs, the one small all-reduces use (one publish and one wait on shared memory). A small
-all-reduce sends its descriptor with its data, in that one exchange; every other call makes
+inputs, the one small all-reduces use (one publish and one wait on shared memory). A call
+that moves small inputs in one exchange (and every scatter) sends its descriptor with its
+data, in that one exchange; gather and all-to-all hand the check to the transport's
+`check_first`, which on shared memory makes it in their first exchange; the other calls make
 an exchange of descriptors alone first. So every rank sees the same N descriptors, and if they
 differ every rank raises the same `MismatchError`, naming the ranks that called something else
 than the others and what differs, before it reads any peer's data: the communicator can still
@@ -88,7 +90,7 @@ def fields(call: tuple[int, ...]) -> tuple[int, ...]:
 def call_text(call: tuple[int, ...], names: tuple[str, ...]) -> str:
     """A call as the user wrote it: "all_reduce #4 (count 100, float32, sum)"; uneven counts
     show as their digest ("counts #3fa2c1"). A peer in a point-to-point call meets the check
-    with a message's description instead: "recv #1 from rank 0 (count 3, float64)"."""
+    with a message's description instead: "recv #1 (count 3, float64)"."""
     if call[0] == MESSAGES:
         return _call_text(call)
     seq, collective, counts, count, dtype, op, root = fields(call)

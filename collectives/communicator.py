@@ -47,9 +47,10 @@ from .timeline import Trace, record_span, write_timeline
 from .two_shot import two_shot_all_reduce, two_shot_pays
 from .work import Progress, Work
 
-# The ways `all_reduce` can run besides "auto" (which picks one-shot or the ring by size, or
-# the hierarchical one on the hierarchical transport); the naive ones are there to teach what
-# the ring saves (naive.py).
+# The ways `all_reduce` can run besides "auto" (which picks one-shot or the ring by size, the
+# hierarchical one on the hierarchical transport, or the two-shot one where ranks outnumber
+# the cores: all_reduce.auto_algorithm); the naive ones are there to teach what the ring
+# saves (naive.py).
 ALL_REDUCE_ALGORITHMS = {"ring": ring_all_reduce, "one_shot": one_shot_all_reduce,
                          "naive_ring": naive_ring_all_reduce,
                          "reduce_broadcast": reduce_broadcast_all_reduce,
@@ -125,7 +126,8 @@ class Communicator:
 
     @property
     def transport(self) -> str:
-        """The name of the transport in use: "mpi", "shm", "cuda_ipc" or "threads"."""
+        """The name of the transport in use: "mpi", "shm", "cuda_ipc", "hierarchical" or
+        "threads"."""
         return self._transport.name
 
     @property

@@ -7,8 +7,9 @@ turn on the progress thread, torch tensors, any layout, any algorithm, tracing. 
 several times what the exchange itself does.
 
 So each collective that moves small equal blocks in one exchange (all_reduce, broadcast,
-reduce, gather, all_gather, reduce_scatter, all_to_all, scan, and a scatter that fits in its
-description) first offers a call to this lane, which takes it when it is the common case:
+reduce, gather, all_gather, reduce_scatter, all_to_all, scan, and a scatter of blocks each
+rank knows the shape of, inside its description where they fit, else as messages after it)
+first offers a call to this lane, which takes it when it is the common case:
 blocking, of a contiguous NumPy array no larger than the transport's `one_shot_bytes`, of a
 kind the general path has taken before where there is an op (so it is resolved for the
 dtype), nothing queued, not traced. It then does what the general path's one-shot form would

@@ -11,8 +11,9 @@ is asked for, and skip empty transfers (both sides agree a chunk is empty, so ne
 message). Each transport overrides the raw moves `_sendrecv` and `_barrier`, and where it has
 a shorter way, the defaults written here in the plain way: `_sendrecv_reduce` (receive into
 bounded scratch, then reduce), `_all_inputs` (the call's descriptor, then copies with every
-peer, in `_exchange`), `_isend` and `sends_ahead`, `message`, `reduce_forward`; the full list
-is in docs/architecture.md ("Adding a transport").
+peer, in `_exchange`), `_isend` and `sends_ahead`, `message`, `reduce_forward`, and the
+hooks `_send_reduced`, `check_first` and `checked`, `register`, `pair_inputs` (all in
+docs/architecture.md, "Adding a transport").
 """
 
 from __future__ import annotations
