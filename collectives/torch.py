@@ -439,20 +439,39 @@ def _enter_group(group: ProcessGroup, ranks: dict[int, int], config: str) -> Non
     c10d._register_process_group(name, group)  # (found by name by functional collectives)
 
 
-def _create(store: Any, rank: int, size: int, timeout: timedelta) -> ProcessGroup:
-    """What `dist.init_process_group("ringcc", ...)` calls: a group over every rank of the MPI
-    job, which must be the ranks torch was told of."""
-    seconds = timeout.total_seconds() if timeout else None
-    comm = collectives.init(timeout=seconds)
+def _create(options: Any, backend_options: Any = None) -> ProcessGroup:
+    """What torch.distributed calls for a group on the ringcc backend (with its extended
+    arguments): for `dist.init_process_group("ringcc")` a group over every rank of the MPI job,
+    which must be the ranks torch was told of; for `dist.new_group(ranks)` a group over those
+    ranks of the job, made by them alone (torch calls this on the group's ranks only, so
+    through `MPI_Comm_create_group`, collective over the group). Global ranks are then MPI's,
+    as the default group, on ringcc, checked when it was made."""
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    rank, size = options.group_rank, options.group_size
+    ranks = list(options.global_ranks_in_group)  # [] for the default group
+    seconds = options.timeout.total_seconds() if options.timeout else None
+    if ranks and dist.get_backend() != BACKEND:  # (the same on every rank: all refuse)
+        raise CollectiveError(f"a group on the ringcc backend over ranks {ranks} needs the "
+                              f"default group on it too, whose ranks are the MPI job's; over "
+                              f"the {dist.get_backend()} default group, make it with "
+                              f"collectives.torch.process_group(collectives.init(comm=sub))")
+    if ranks:
+        everyone = world.Get_group()
+        members = world.Create_group(everyone.Incl(ranks))
+        everyone.Free()
+    else:
+        members = world
+    comm = collectives.init(comm=members, timeout=seconds)
     if (comm.rank, comm.size) != (rank, size):
         found = (comm.rank, comm.size)
         comm.close()
         raise CollectiveError(f"torch.distributed says rank {rank} of {size}, but MPI says rank "
-                              f"{found[0]} of {found[1]}: the ringcc backend spans the ranks of "
-                              f"the MPI job; for a subset, use "
-                              f"collectives.torch.process_group(collectives.init(comm=sub))")
+                              f"{found[0]} of {found[1]}: the ringcc backend's default group "
+                              f"spans the ranks of the MPI job, in their order")
     # CUDA tensors, when they come, over a communicator on the GPU (cuda_ipc on one node).
-    return ProcessGroup(comm, make=lambda device: collectives.init(device=device,
+    return ProcessGroup(comm, make=lambda device: collectives.init(comm=members, device=device,
                                                                    timeout=seconds))
 
 
@@ -503,4 +522,4 @@ def fp16_compress_hook(comm: Communicator,
 
 
 if BACKEND not in dist.Backend.backend_list:
-    dist.Backend.register_backend(BACKEND, _create, devices=["cpu", "cuda"])
+    dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])

@@ -26,6 +26,32 @@ def test_every_call_matches_gloo(ranks):
     assert job.stdout.count("calls ok") == ranks, job.stdout + job.stderr
 
 
+def test_a_ringcc_group_over_another_default_group_is_refused_on_its_ranks(tmp_path):
+    """Its global ranks are the default group's, which need not be MPI's: refused with the way
+    that works, on every rank of the group, rather than made over the wrong ranks."""
+    script = tmp_path / "subgroup.py"
+    script.write_text(textwrap.dedent(f"""
+        import os
+        import torch.distributed as dist
+        from mpi4py import MPI
+
+        import collectives
+        import collectives.torch
+
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="{free_port()}")
+        world = MPI.COMM_WORLD
+        dist.init_process_group("gloo", rank=world.rank, world_size=world.size)
+        try:
+            dist.new_group([0, 1], backend="ringcc")
+        except collectives.CollectiveError as error:
+            print("refused:", error, flush=True)
+        dist.destroy_process_group()
+    """))
+    job = mpiexec(2, str(script), timeout=120)
+    assert job.stdout.count("refused: a group on the ringcc backend over ranks [0, 1] needs "
+                            "the default group on it too") == 2, job.stdout + job.stderr
+
+
 def test_ddp_on_ringcc_and_with_its_hooks_ends_as_ddp_on_gloo():
     job = mpiexec(2, "tests/torch_driver.py", "ddp", str(free_port()), timeout=120)
     assert job.stdout.count("ddp ok") == 2, job.stdout + job.stderr

@@ -185,6 +185,25 @@ def calls_scenario(gloo: dist.ProcessGroup) -> None:
         dist.all_reduce(ones)
         same(ones, torch.full((2,), float(size)), "all_reduce after a mismatch")
     reversed_group_calls(gloo)
+    subgroup_calls(gloo)
+
+
+def subgroup_calls(gloo: dist.ProcessGroup) -> None:
+    """`dist.new_group(ranks)` on the ringcc default: a group over the even ranks, made by
+    them alone (the others get no group), taking global ranks."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    even = list(range(0, size, 2))
+    group = dist.new_group(even)
+    if rank not in even:
+        assert group == dist.GroupMember.NON_GROUP_MEMBER, group
+        return
+    assert dist.get_rank(group) == rank // 2 and dist.get_process_group_ranks(group) == even
+    total = values(rank, 5)
+    dist.all_reduce(total, group=group)
+    same(total, sum(values(r, 5) for r in even), "all_reduce over a new group of even ranks")
+    box = values(rank, 4)
+    dist.broadcast(box, src=even[-1], group=group)
+    same(box, values(even[-1], 4), "broadcast from the last even rank")
 
 
 def reversed_group_calls(gloo: dist.ProcessGroup) -> None:
