@@ -73,6 +73,8 @@ def flat_work(buf: Any, xp: ModuleType) -> tuple[Any, bool]:
 
     Returns (work, copied): when copied, the result must be written back into `buf`.
     """
+    if type(buf) is not xp.ndarray:  # a subclass (numpy.matrix stays 2-D when reshaped)
+        buf = buf.view(xp.ndarray)
     if buf.flags.c_contiguous:
         return (buf if buf.ndim == 1 else buf.reshape(-1)), False
     return xp.ascontiguousarray(buf).reshape(-1), True

@@ -621,7 +621,10 @@ class Communicator:
             # input before the result is written, so in place needs no copy). The explainer
             # shows the doubling steps with one_shot_bytes=0.
             self._begin(name, sendbuf.size, sendbuf.dtype, op, folded=True)
-            one_shot_scan(transport, flat_work(sendbuf, xp)[0], work, ufunc, exclusive)
+            # (In place, `work` holds the input: `_result` copied it over a recvbuf that
+            # overlaps sendbuf, and sendbuf may be half overwritten by it.)
+            one_shot_scan(transport, work if in_place else flat_work(sendbuf, xp)[0], work,
+                          ufunc, exclusive)
         else:
             # In place, the input is kept apart: each step sends this rank's own input again.
             mine = work.copy() if in_place else flat_work(sendbuf, xp)[0]

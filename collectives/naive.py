@@ -29,6 +29,11 @@ def naive_ring_all_reduce(transport: Transport, work: Any, op: ReduceOp,
     In step s, rank r sends the buffer of rank (r - s) to its right and receives that of rank
     (r - s - 1) from its left, then reduces it into `work`. Two boxes, swapped every step, hold
     the buffer in flight: what arrived in one step is what leaves in the next.
+
+    Each rank adds the buffers in the order they reach it, r, r-1, r-2, ...: a floating-point
+    sum then differs between ranks in its last bits, the one all-reduce here that does. (The
+    ring reduces each chunk along one path and copies the result, so every rank holds the
+    same bits; making this one agree would mean keeping all N buffers, to add in rank order.)
     """
     rank, size = transport.rank, transport.size
     if mine is not None:

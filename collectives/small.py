@@ -83,8 +83,8 @@ def small_all_reduce(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, op:
     except BaseException as error:  # messages may be in flight: no more calls
         comm._break(error)
         raise
-    if recvbuf is None and sendbuf.ndim == 0:  # a ufunc makes a 0-d result a scalar
-        recvbuf = numpy.empty((), sendbuf.dtype)
+    if recvbuf is None:  # (a ufunc's own result would be a scalar for 0-d, and native-endian)
+        recvbuf = numpy.empty(sendbuf.shape, sendbuf.dtype)
     return reduce_in_rank_order(numpy, inputs, ufunc, average, recvbuf)
 
 
@@ -105,8 +105,8 @@ def small_reduce(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, op: str
     inputs = _exchange(comm, exchange, sendbuf)
     if rank != root:
         return None
-    if recvbuf is None and sendbuf.ndim == 0:
-        recvbuf = numpy.empty((), sendbuf.dtype)
+    if recvbuf is None:  # (as small_all_reduce)
+        recvbuf = numpy.empty(sendbuf.shape, sendbuf.dtype)
     return reduce_in_rank_order(numpy, inputs, ufunc, average, recvbuf)
 
 

@@ -153,6 +153,45 @@ def test_what_the_lane_does_not_take_still_works_or_fails_as_before():
         assert results == [want, want, want]
 
 
+def test_the_lane_and_the_general_path_keep_the_inputs_byte_order():
+    """A big-endian input: the general path gave a big-endian result, the lane (whose ufunc
+    made the result) a native one: the same values, other bytes."""
+    def body(comm):
+        x = (numpy.arange(4) + comm.rank).astype(">f4")
+        results = [comm.all_reduce(x), comm.all_reduce(x), comm.reduce(x), comm.reduce(x)]
+        return [(r.dtype.str, r.tobytes()) for r in results if r is not None]
+
+    for rank, results in enumerate(collectives.spawn(body, 2, one_shot_bytes=1 << 20)):
+        assert len({r for r in results}) == 1 and results[0][0] == ">f4", (rank, results)
+
+
+def test_a_scan_into_a_recvbuf_that_overlaps_its_input_in_one_exchange():
+    """recvbuf = sendbuf shifted by half: the input, copied over recvbuf first, was then read
+    from sendbuf, half overwritten by that copy (the lane and the steps read it right)."""
+    def body(comm, async_op):
+        base = numpy.zeros(12)
+        mine, out = base[:8], base[4:]
+        mine[...] = numpy.arange(8) + 10 * comm.rank
+        result = comm.scan(mine, out, async_op=async_op)
+        return (result.wait() if async_op else result).tolist()
+
+    for async_op in (False, True):  # (an async call goes the general path)
+        for rank, got in enumerate(collectives.spawn(body, 2, async_op,
+                                                     one_shot_bytes=1 << 20)):
+            want = sum(numpy.arange(8) + 10 * r for r in range(rank + 1))
+            assert got == want.tolist(), (async_op, rank, got)
+
+
+def test_an_ndarray_subclass_is_moved_as_its_array():
+    """numpy.matrix stays 2-D when reshaped flat: it failed with NumPy's own error."""
+    def body(comm):
+        return [comm.all_reduce(numpy.asmatrix(numpy.ones((2, n)) * (comm.rank + 1))).tolist()
+                for n in (3, 40_000)]
+
+    for small, large in collectives.spawn(body, 2, one_shot_bytes=1 << 10):
+        assert small == [[3.0] * 3] * 2 and large == [[3.0] * 40_000] * 2
+
+
 def test_unchecked_small_inputs_of_different_sizes_are_named_on_every_rank(tmp_path):
     """With the check off, the one-shot exchange still carries each input's size (shm in its
     call line, mpi in its header), so the lane names inputs of different sizes on every rank
