@@ -406,7 +406,8 @@ def process_group(comm: Communicator) -> ProcessGroup:
     needs a default group: torch asks that one for this process's rank)."""
     group = ProcessGroup(comm)
     if dist.is_initialized():
-        global_ranks = comm.all_gather(numpy.array(dist.get_rank(), numpy.int64)).tolist()
+        xp = module_for_device(comm.device)  # (a communicator moves its device's arrays)
+        global_ranks = comm.all_gather(xp.array(dist.get_rank(), xp.int64)).tolist()
     else:
         global_ranks = list(range(comm.size))
     _enter_group(group, {global_rank: rank for rank, global_rank in enumerate(global_ranks)},
