@@ -223,6 +223,21 @@ def synthetic(collective: str, a: float, b: float) -> list[dict]:
     return rows
 
 
+# Each model's (steps, bytes on the critical path) on 5 ranks, S = 6400 bytes, segments of 1600
+# bytes (m = 4), worked out by hand from the algorithms' docstrings (the fit below recovers a
+# and b from any model, so the models themselves are pinned here).
+BY_HAND = {"all_reduce": (8, 10240), "all_gather": (4, 5120), "reduce_scatter": (4, 5120),
+           "broadcast": (7, 11200), "scatter": (5, 5120), "gather": (4, 5120),
+           "reduce": (8, 10240), "all_to_all": (4, 5120), "scan": (3, 19200),
+           "sendrecv": (1, 6400)}
+
+
+def test_the_cost_models_are_the_algorithms_costs():
+    assert set(BY_HAND) == set(fit.MODELS)
+    for collective, want in BY_HAND.items():
+        assert fit.MODELS[collective][1](5, 6400, 1600) == pytest.approx(want), collective
+
+
 @pytest.mark.parametrize("collective", sorted(fit.MODELS))
 def test_the_fit_recovers_known_latency_and_bandwidth(collective):
     result = fit.fit(synthetic(collective, a=23.0, b=4e-4))

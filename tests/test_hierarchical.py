@@ -130,6 +130,8 @@ def test_small_all_reduces_of_one_kind_take_the_lane_on_nodes():
     mine = [cases.values(r, 6, "float64").reshape(2, 3) for r in range(4)]
     want = cases.reduce_reference("avg", mine)
     for outcome in collectives.spawn(body, 4, node_size=2, one_shot_bytes=1 << 20):
+        # The general path took only the first call of the kind, and the explicit algorithm.
+        assert outcome["general_path"] == ["one_shot", "auto"], outcome["general_path"]
         cases.assert_matches(outcome["lane"][0], want, "float64")
         for form in ("into", "in_place", "into_view", "into_strided", "overlapping"):
             cases.assert_matches(outcome[form], want, "float64")

@@ -32,6 +32,8 @@ def test_a_ringcc_group_over_another_default_group_is_refused_on_its_ranks(tmp_p
     script = tmp_path / "subgroup.py"
     script.write_text(textwrap.dedent(f"""
         import os
+        import sys
+
         import torch.distributed as dist
         from mpi4py import MPI
 
@@ -44,7 +46,7 @@ def test_a_ringcc_group_over_another_default_group_is_refused_on_its_ranks(tmp_p
         try:
             dist.new_group([0, 1], backend="ringcc")
         except collectives.CollectiveError as error:
-            print("refused:", error, flush=True)
+            sys.stdout.write(f"refused: {{error}}\\n")  # one write: the ranks' lines stay whole
         dist.destroy_process_group()
     """))
     job = mpiexec(2, str(script), timeout=120)
@@ -71,14 +73,22 @@ def test_a_job_ends_cleanly_with_its_progress_threads_idle(tmp_path):
     """collectives.torch ends the progress threads of the communicators it used before the
     interpreter finalizes: one left waiting for calls was torn down inside torch and aborted
     the process ("terminate called without an active exception") after this script's last
-    line. Half the communicators are left open, their threads idle, for the exit to end."""
+    line. Half the communicators are left open, their threads idle, for the exit to end. (The
+    abort itself comes only now and then: the script also runs the exit hook, and checks that
+    no progress thread is left.)"""
     script = tmp_path / "idle_workers.py"
     script.write_text(textwrap.dedent("""
+        import atexit
+        import threading
+
         import torch
         import torch.distributed as dist
 
         import collectives
         import collectives.torch
+
+        def progress_threads():
+            return [t.name for t in threading.enumerate() if t.name.startswith("ringcc-progress")]
 
         for n in range(4):  # four idle threads: each was a chance to abort
             comm = collectives.init()
@@ -88,6 +98,9 @@ def test_a_job_ends_cleanly_with_its_progress_threads_idle(tmp_path):
             dist.reduce_scatter_tensor(torch.empty(2), torch.ones(2 * comm.size), group=group)
             if n % 2:
                 comm.close()
+        assert len(progress_threads()) == 2, progress_threads()  # the open ones' idle threads
+        atexit._run_exitfuncs()  # what the interpreter runs before it finalizes
+        assert progress_threads() == [], progress_threads()
         print("done", flush=True)
     """))
     job = mpiexec(2, str(script), timeout=120, check=False)
