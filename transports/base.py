@@ -169,6 +169,14 @@ class Transport(ABC):
         self.step = 0  # which step of that pass, for traces and error messages
         self._call: tuple[int, ...] | None = None  # the descriptor the next all_inputs carries
         self.closed = False
+        # Where this transport is a part of another (hierarchical.py), the world rank of each
+        # of its ranks, for error messages (`named`).
+        self.world_ranks: list[int] | None = None
+
+    def named(self, rank: int) -> int:
+        """`rank` as error messages give it: the rank the user knows, its world rank where this
+        transport is a part of another."""
+        return rank if self.world_ranks is None else self.world_ranks[rank]
 
     # ---- what the caller is doing, for traces and error messages ------------------------
 
@@ -510,7 +518,8 @@ class Transport(ABC):
             if calls.count(call) != self.size:
                 raise CallsDiffer(calls)
         r, other = next((r, line) for r, line in enumerate(lines) if line[CALL_WORDS] != nbytes)
-        raise MismatchError(f"rank {self.rank} exchanges {nbytes} bytes but rank {r} "
+        raise MismatchError(f"rank {self.named(self.rank)} exchanges {nbytes} bytes but rank "
+                            f"{self.named(r)} "
                             f"{other[CALL_WORDS]}"
                             + (f" during {self.where}" if self.where else ""))
 
@@ -553,9 +562,9 @@ class Transport(ABC):
             if time.monotonic() > deadline:
                 waited = [peer] if peer is not None else late() if late is not None else []
                 raise CollectiveTimeoutError(
-                    f"rank {self.rank} waited {self.timeout:g} s for {what}"
+                    f"rank {self.named(self.rank)} waited {self.timeout:g} s for {what}"
                     + (f" from rank{'s' if len(waited) > 1 else ''} "
-                       f"{', '.join(map(str, waited))}" if waited else "")
+                       f"{', '.join(str(self.named(w)) for w in waited)}" if waited else "")
                     + (f" during {self.where}" if self.where else "")
                     + (f" ({self.phase} step {self.step})" if self.phase else "")
                     + f" on the {self.name} transport")

@@ -67,8 +67,9 @@ class HierarchicalTransport(Transport):
     def __init__(self, world: Transport, node: Transport, across: Transport, *,
                  node_ranks: list[int], across_ranks: list[int]) -> None:
         self.world, self.node, self.across = world, node, across
-        # Each part: its world ranks, its name in traces, and in error messages (which give
-        # its own ranks, so they say whose those are).
+        # Each part: its world ranks (which its error messages give, `named`), its name in
+        # traces, and in error messages.
+        node.world_ranks, across.world_ranks = node_ranks, across_ranks
         self._parts = [
             (node, node_ranks, "node", f"inside the node of ranks {_listed(node_ranks)}"),
             (across, across_ranks, "across", f"across nodes among ranks {_listed(across_ranks)}")]
@@ -177,6 +178,12 @@ class HierarchicalTransport(Transport):
 
     def _barrier(self) -> None:
         self.world._barrier()
+
+    def sends_ahead(self, nbytes: int, reduced: bool = False) -> int:
+        return self.world.sends_ahead(nbytes, reduced)
+
+    def _isend(self, buf: Any, dst: int) -> Callable[[], None]:
+        return self.world._isend(buf, dst)
 
     def register(self, nbytes: int) -> Any:
         """In the node's memory, where its peers read it in place (shm): the hierarchical

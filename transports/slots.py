@@ -569,7 +569,8 @@ class SlotTransport(Transport):
         self.wait(lambda: theirs[posts] >= turn, dst, "where its result lands")
         target, nbytes = theirs[posts + 1], theirs[posts + 2]
         if nbytes != into.size:
-            raise MismatchError(f"rank {self.rank} would send {into.size} bytes to rank {dst} "
+            raise MismatchError(f"rank {self.named(self.rank)} would send {into.size} bytes to "
+                                f"rank {self.named(dst)} "
                                 f"but it expects {nbytes}"
                                 + (f" during {self.where}" if self.where else ""))
         # The message: where it lies in src's memory, or our mapping of its registered memory.
@@ -580,7 +581,7 @@ class SlotTransport(Transport):
                 piece = into[lo:hi].view(accbuf.dtype)
                 self.xp.true_divide(piece, divide, out=piece)
             self._move(self.memory.write, dst, target + lo, into[lo:hi],
-                       f"write its result into rank {dst}")
+                       f"write its result into rank {self.named(dst)}")
         self._consumed(src)
         self._pushes[dst] = turn
         self._own[(self._push_line + dst) * WORDS + 3] = turn  # our result to dst has landed
@@ -594,7 +595,7 @@ class SlotTransport(Transport):
             move(self._pids[peer], address, data)
         except OSError as error:
             self._check_peer(peer)
-            raise CollectiveError(f"rank {self.rank} could not {what}"
+            raise CollectiveError(f"rank {self.named(self.rank)} could not {what}"
                                   + (f" during {self.where}" if self.where else "")) from error
 
     def _middle(self, nbytes: int) -> bool:
@@ -716,7 +717,8 @@ class SlotTransport(Transport):
         """Take the message at `address` in `src`'s memory: copy it into `into` in one go, or
         reduce it a piece at a time through scratch that stays in cache."""
         if op is None:
-            self._move(self.memory.read, src, address, into, f"read rank {src}'s message")
+            self._move(self.memory.read, src, address, into,
+                       f"read rank {self.named(src)}'s message")
             return
         for _ in self._reduced_pieces(src, address, into, dtype, op, inbuf):
             pass
@@ -732,7 +734,7 @@ class SlotTransport(Transport):
             if isinstance(message, int):
                 arrived = self._scratch[:hi - lo]
                 self._move(self.memory.read, src, message + lo, arrived,
-                           f"read rank {src}'s message")
+                           f"read rank {self.named(src)}'s message")
             else:
                 arrived = message[lo:hi]
             op(mine[lo:hi].view(dtype), arrived.view(dtype), out=into[lo:hi].view(dtype))
@@ -748,7 +750,7 @@ class SlotTransport(Transport):
                   "its message to be asked for")
         if theirs[asked] > seq:  # (else the receiver reduced it, reading it all)
             self._move(self.memory.write, dst, theirs[asked + 1], out[:_sender_part(out.size)],
-                       f"write its message into rank {dst}")
+                       f"write its message into rank {self.named(dst)}")
         self._own[(self._share_line + dst) * WORDS + 2] = seq + 1  # our part has landed
 
     def _take_shared(self, src: int, address: int, into: Any) -> None:
@@ -826,7 +828,8 @@ class SlotTransport(Transport):
     def _check_size(self, src: int, j: int, nbytes: int) -> None:
         sent = self._ctl[src][self._slot_words[j] + 1]
         if sent != nbytes:
-            raise MismatchError(f"rank {self.rank} expected {nbytes} bytes from rank {src} but "
+            raise MismatchError(f"rank {self.named(self.rank)} expected {nbytes} bytes from rank "
+                                f"{self.named(src)} but "
                                 f"it sent {sent}"
                                 + (f" during {self.where}" if self.where else ""))
 
@@ -993,7 +996,8 @@ class SlotTransport(Transport):
             return
         for r in range(self.size) if peer is None else (peer,):
             if r != self.rank and not _alive(self._pids[r]):
-                raise PeerFailedError(f"rank {self.rank}: rank {r} (pid {self._pids[r]}) has died"
+                raise PeerFailedError(f"rank {self.named(self.rank)}: rank {self.named(r)} (pid "
+                                      f"{self._pids[r]}) has died"
                                       + (f" during {self.where}" if self.where else ""))
 
     def close(self) -> None:

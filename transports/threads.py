@@ -56,8 +56,9 @@ class ThreadTransport(Transport):
             def arrived() -> bool:
                 nonlocal message
                 if self.group.failed.is_set():
-                    raise PeerFailedError(f"rank {self.rank}: another rank failed while this "
-                                          f"one waited for rank {src}{self._during()}")
+                    raise PeerFailedError(f"rank {self.named(self.rank)}: another rank failed "
+                                          f"while this one waited for rank {self.named(src)}"
+                                          f"{self._during()}")
                 try:
                     message = box.get(timeout=0.001)
                     return True
@@ -66,8 +67,9 @@ class ThreadTransport(Transport):
 
             self.wait(arrived, src, "a message")
             if message.nbytes != recvbuf.nbytes:
-                raise MismatchError(f"rank {self.rank} expected {recvbuf.nbytes} bytes from rank "
-                                    f"{src} but got {message.nbytes}{self._during()}")
+                raise MismatchError(f"rank {self.named(self.rank)} expected {recvbuf.nbytes} "
+                                    f"bytes from rank {self.named(src)} but got "
+                                    f"{message.nbytes}{self._during()}")
             recvbuf[...] = message.view(recvbuf.dtype)
 
     def _barrier(self) -> None:
