@@ -182,6 +182,7 @@ def test_a_scan_into_a_recvbuf_that_overlaps_its_input_in_one_exchange():
             assert got == want.tolist(), (async_op, rank, got)
 
 
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")  # (NumPy's, of matrix)
 def test_an_ndarray_subclass_is_moved_as_its_array():
     """numpy.matrix stays 2-D when reshaped flat: it failed with NumPy's own error."""
     def body(comm):
