@@ -170,7 +170,13 @@ _MESSAGE_FIELDS = ("number", "count", "dtype")
 
 class MessagesDiffer(MismatchError):
     """The two ends of a message described it differently: both raise it, and neither has
-    sent or received any of its data, so the communicator can go on."""
+    sent or received any of its data, so the communicator can go on. `agreed`: the peers
+    whose messages with this rank were described alike (a sendrecv's other half, which its
+    caller still moves: that peer raises nothing, and waits for it)."""
+
+    def __init__(self, message: str, agreed: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.agreed = agreed
 
 
 def messages(sent: tuple[int, Any] | None, expected: tuple[int, Any] | None) -> tuple[int, ...]:
@@ -217,7 +223,8 @@ def pair_agree(transport: Transport, said: dict[int, tuple[int, ...]], dst: int 
         # The collective's other ranks still wait for this rank's part, and would take its
         # next call's for it: a plain MismatchError, which breaks the communicator.
         raise MismatchError(said_here + LEFT_WAITING)
-    raise MessagesDiffer(said_here)
+    raise MessagesDiffer(said_here, tuple(peer for peer, words in heard.items()
+                                          if words == mirrored(said[peer])))
 
 
 LEFT_WAITING = ("; on more than 2 ranks the collective's other ranks still wait for this "

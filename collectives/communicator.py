@@ -29,7 +29,8 @@ from .arrays import flat_work, same_memory
 from .blocks import check_counts, exchanged, gathered, split
 from .broadcast import one_shot_broadcast, ring_broadcast
 from .calls import collective, current_device
-from .check import LEFT_WAITING, MESSAGES, agree, descriptor, disagreement, pair_agree
+from .check import (LEFT_WAITING, MESSAGES, MessagesDiffer, agree, descriptor, disagreement,
+                    pair_agree)
 from .gather import gather_to_root, one_shot_gather
 from .hierarchical import hierarchical_all_reduce
 from .naive import naive_ring_all_reduce, reduce_broadcast_all_reduce
@@ -779,7 +780,18 @@ class Communicator:
         transport.begin(where, phase="send" if src is None else "recv" if dst is None
                         else "sendrecv")
         check = (lambda: pair_agree(transport, said, dst, src)) if self._checking else None
-        transport.message(mine, dst, into, src, check)
+        try:
+            transport.message(mine, dst, into, src, check)
+        except MessagesDiffer as differ:
+            # A sendrecv whose other pair agreed: that half still moves, and takes its number,
+            # since its peer raised nothing and waits for it; only the pair that differs raises.
+            to, frm = (dst if dst in differ.agreed else None), (src if src in differ.agreed
+                                                                else None)
+            if to is not None or frm is not None:
+                transport.sendrecv(None if to is None else mine, to,
+                                   None if frm is None else into, frm)
+                self._messages.count(to, frm)
+            raise
         self._messages.count(dst, src)
 
     def _in_turn(self, call: Callable[[], Any]) -> Any:

@@ -265,6 +265,22 @@ def mismatch_case(comm: Any, what: str) -> dict:
     return {"result": message, "after": after, "stats": vars(comm.stats).copy()}
 
 
+def ring_mismatch_case(comm: Any, count: int) -> dict:
+    """A ring shift by sendrecv, twice: in the first, rank 0 sends one element more than rank
+    1 expects. Each rank returns, per round, what it raised or what it received."""
+    rank, size = comm.rank, comm.size
+    rounds = []
+    for shift in range(2):
+        mine = values(rank + 10 * shift, count + (shift == 0 and rank == 0), "float64")
+        into = numpy.full(count, -1.0)
+        try:
+            comm.sendrecv(mine, (rank + 1) % size, into, (rank - 1) % size)
+            rounds.append(into)
+        except Exception as error:  # noqa: BLE001 - what every rank raised is the result
+            rounds.append(f"{type(error).__name__}: {error}")
+    return {"result": rounds}
+
+
 def collective_met_case(comm: Any, collective: str) -> dict:
     """On 2 ranks, rank 0 makes a collective call (`collective`: "barrier", "all_reduce", or
     "large all_reduce", past the one-shot) while rank 1 receives from it; each returns what it

@@ -49,6 +49,22 @@ def test_both_ends_of_a_mismatched_message_raise_and_go_on(run, what, message):
         assert result["stats"]["bytes_sent"] == 3 * 4, "a mismatched message sent data"
 
 
+@pytest.mark.parametrize("count", [6, 1 << 17])
+def test_a_sendrecv_moves_the_half_whose_pair_agreed(run, count):
+    """A ring shift on 3 ranks where only ranks 0 and 1 disagree (rank 0 sends one element
+    too many): they raise, rank 2, whose pairs both agreed, gets rank 1's message, and the next
+    shift is right everywhere. Before, the half whose pair agreed was dropped: rank 2 took
+    rank 1's next message, or its check's words, as this one's data, with no error."""
+    for rank, result in enumerate(run("ring_mismatch_case", 3, "auto", count=count)):
+        first, second = result["result"]
+        if rank < 2:
+            assert isinstance(first, str) and first.startswith("MismatchError: ") and \
+                "the count differs" in first, (rank, first)
+        else:
+            numpy.testing.assert_array_equal(first, values(1, count, "float64"))
+        numpy.testing.assert_array_equal(second, values((rank - 1) % 3 + 10, count, "float64"))
+
+
 def test_counts_that_differ_raise_mismatch_on_every_rank_of_every_transport(run):
     for rank, result in enumerate(run("mismatch_case", 3, "auto", what="counts")):
         said = re.sub(r"#\d+ ", "#N ", result["result"])  # the pool's calls go on counting
