@@ -61,7 +61,7 @@ ALL_REDUCE_ALGORITHMS = {"ring": ring_all_reduce, "one_shot": one_shot_all_reduc
 # calls are checked by the two ranks they concern, not here (check.pair_agree).
 CALLS = ("all_reduce", "all_gather", "broadcast", "scatter", "reduce_scatter", "barrier",
          "gather", "reduce", "all_to_all", "scan", "scan/exclusive",
-         *(f"all_reduce/{name}" for name in ALL_REDUCE_ALGORITHMS))
+         *(f"all_reduce/{name}" for name in ALL_REDUCE_ALGORITHMS), "empty")
 _CALL_CODES = {name: code for code, name in enumerate(CALLS)}
 
 
@@ -208,21 +208,42 @@ class Communicator:
         """A new array that peers read in place (registered memory, as MPI_Win_allocate_shared
         and ncclMemAlloc give): a collective sending from it moves no staging copy. Any array
         works in every collective; these are faster on the shm transport, and ordinary
-        arrays elsewhere. Collective: every rank asks for the same shape and dtype. The memory
-        lasts until the communicator is closed and the array is dropped."""
-        xp = self._transport.xp
-        dtype = xp.dtype(dtype)
-        if dtype.kind not in "biufc":
-            raise InvalidTypeError(f"dtype {dtype} is not numeric; collectives move numbers "
-                                   f"and bools")
+        arrays elsewhere. Collective: every rank asks for the same shape and dtype (a rank
+        that asks for another size, or whose arguments are refused, makes every rank raise).
+        The memory lasts until the communicator is closed and the array is dropped."""
+        try:
+            dtype = self._transport.xp.dtype(dtype)
+        except TypeError:
+            dtype = None
         shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
-        if any(not isinstance(n, (int, numpy.integer)) or isinstance(n, bool) or n < 0
-               for n in shape):
-            raise InvalidArgumentError(f"shape {shape} must be whole numbers >= 0")
-        if self._transport.closed:
-            raise InvalidArgumentError("this communicator is closed")
-        nbytes = math.prod(shape) * dtype.itemsize
-        return self._in_turn(lambda: self._transport.register(nbytes)).view(dtype).reshape(shape)
+        if dtype is None or dtype.kind not in "biufc":
+            refused: Exception | None = InvalidTypeError(
+                f"dtype {dtype} is not numeric; collectives move numbers and bools")
+        elif any(not isinstance(n, (int, numpy.integer)) or isinstance(n, bool) or n < 0
+                 for n in shape):
+            refused = InvalidArgumentError(f"shape {shape} must be whole numbers >= 0")
+        else:
+            refused = None
+        nbytes = -1 if refused is not None else math.prod(shape) * dtype.itemsize
+        return self._register(nbytes, refused).view(dtype).reshape(shape)
+
+    @collective
+    def _register(self, nbytes: int, refused: Exception | None) -> Any:
+        """`empty`'s collective part: every rank's size (-1 where its arguments were refused)
+        agreed in a checked exchange that times out, before the transport's allocation (on
+        shm, MPI collectives that would wait for ever for a rank that never comes)."""
+        transport = self._transport
+        self._begin("empty", folded=True)
+        sizes = [int(n) for n in transport.all_inputs(transport.xp.array(nbytes, "i8"),
+                                                      counted=False)]
+        if refused is not None:
+            raise refused
+        if len(set(sizes)) > 1:
+            raise InvalidArgumentError(
+                f"every rank must ask for registered memory of the same size; got, by rank: "
+                f"{', '.join(map(str, sizes))} bytes"
+                + (" (-1: its arguments were refused)" if -1 in sizes else ""))
+        return transport.register(nbytes)
 
     def zeros(self, shape: int | tuple[int, ...], dtype: Any = numpy.float64) -> Any:
         """`empty`, filled with zeros."""
@@ -726,6 +747,14 @@ class Communicator:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
+        if exc_info[1] is not None and self._progress.outstanding \
+                and not self._progress.on_thread():
+            # Left by an error with calls still queued, which the peers may never join:
+            # waiting for them would hold the error back for the whole timeout. No more
+            # calls instead; the queued ones end with their timeout, or with the job.
+            self._broken = (f"the with block was left by {type(exc_info[1]).__name__} with "
+                            f"calls still queued")
+            return
         self.close()
 
     def __repr__(self) -> str:

@@ -186,6 +186,44 @@ def test_spawn_refuses_bad_settings_as_init_does(setting, said):
         collectives.spawn(lambda comm: None, 2, **setting)
 
 
+def test_registered_memory_asked_for_differently_is_refused_on_every_rank():
+    """A rank that asks for another size, or whose arguments are refused: every rank raises
+    (on shm the allocation is MPI collectives without a timeout: the others waited for ever),
+    and the communicator goes on."""
+    def body(comm, bad):
+        shape = (-1,) if bad == "shape" and comm.rank == 1 else 10 + (comm.rank == 1)
+        try:
+            comm.zeros(shape)
+        except collectives.InvalidArgumentError as error:
+            said = str(error)
+        else:
+            said = None
+        return said, comm.all_reduce(numpy.ones(2)).tolist()
+
+    for bad, others in (("size", "got, by rank: 80, 88, 80 bytes"),
+                        ("shape", "got, by rank: 80, -1, 80 bytes (-1: its arguments were "
+                                  "refused)")):
+        for rank, (said, after) in enumerate(collectives.spawn(body, 3, bad)):
+            assert said is not None and after == [3.0, 3.0], (bad, rank, said)
+            if bad == "shape" and rank == 1:
+                assert "shape (-1,) must be whole numbers >= 0" in said
+            else:
+                assert said.startswith("every rank must ask for registered memory of the same "
+                                       "size") and others in said, said
+
+
+def test_registered_memory_refused_on_one_shm_rank_is_refused_on_every_rank():
+    code = ("import collectives\n"
+            "comm = collectives.init('shm', timeout=20)\n"
+            "try:\n"
+            "    comm.empty(-1 if comm.rank == 1 else 4)\n"
+            "except collectives.InvalidArgumentError as error:\n"
+            "    print('refused', flush=True)\n"
+            "comm.close()\n")
+    out = mpiexec(2, "-c", code, timeout=60).stdout  # (before: rank 0 waited for ever)
+    assert out.count("refused") == 2, out
+
+
 def test_empty_and_zeros_give_arrays_every_collective_takes():
     def body(comm):
         zeros = comm.zeros((2, 3), "int16")

@@ -100,6 +100,29 @@ def test_close_waits_for_outstanding_calls():
             assert_matches(work.wait(), want, "float64")
 
 
+def test_a_with_block_left_by_an_error_does_not_wait_for_the_queued_calls():
+    """An error inside `with comm:` while a call is queued that the peer never joins: waiting
+    for it held the error back for the whole timeout (a job's traceback 30 s late). The
+    communicator is broken instead, and the queued call ends on its own."""
+    def body(comm):
+        if comm.rank == 1:
+            return None
+        try:
+            with comm:
+                work = comm.all_reduce(numpy.ones(4), async_op=True)
+                raise KeyError("rank 0 fails with a call queued")
+        except KeyError:
+            pass
+        left_queued = comm._progress.outstanding  # (before: 0, the call waited out)
+        with pytest.raises(collectives.CollectiveError, match="with calls still queued"):
+            comm.all_reduce(numpy.ones(4))
+        return left_queued, isinstance(work.exception(), collectives.CollectiveError)
+
+    # (The queued call ends with its timeout, or refused by the broken communicator if it had
+    # not started: a CollectiveError either way.)
+    assert collectives.spawn(body, 2, timeout=1)[0] == (1, True)
+
+
 def test_wait_with_a_timeout_leaves_the_call_running_and_is_completed_never_blocks():
     late = threading.Event()
 
