@@ -171,7 +171,7 @@ def registered_scenario() -> None:
     try:
         comm.empty(10 + rank)
     except collectives.InvalidArgumentError as error:
-        assert "every rank must register the same size" in str(error), error
+        assert "every rank must ask for registered memory of the same size" in str(error), error
     else:
         raise AssertionError("ranks registered different sizes unnoticed")
     assert comm.all_reduce(numpy.ones(3)).tolist() == [size] * 3
