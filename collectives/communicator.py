@@ -677,7 +677,7 @@ class Communicator:
         to (or both receive from) each other, raises MismatchError on both before any data
         moves, and a send returns only once its receiver has come (as MPI_Ssend). Without
         it, a transport finds a wrong size where it can (shm, threads), and the mpi transport
-        raises MPI's own error for a message longer than its receive buffer.
+        raises a CollectiveError, from MPI's own, for a message longer than its receive buffer.
         """
         if self._small(buf, async_op) and small_message(self, buf, dst, None, None) \
                 is not GENERAL:

@@ -86,6 +86,20 @@ def test_without_the_check_the_transport_finds_a_wrong_size():
         collectives.spawn(body, 2, check=False, timeout=TIMEOUT)
 
 
+def test_without_the_check_mpi_refuses_a_longer_message_with_a_collective_error():
+    """MPI reports the truncation in the receive's status: mpi4py's own exception escaped,
+    where every error of ringcc derives from CollectiveError."""
+    code = ("import numpy, collectives\n"
+            "comm = collectives.init('mpi', check=False, timeout=20)\n"
+            "try:\n"
+            "    comm.send(numpy.zeros(5), 1) if comm.rank == 0 else comm.recv(numpy.zeros(4), 0)\n"
+            "except collectives.CollectiveError as error:\n"
+            "    print('refused:', error, flush=True)\n")
+    out = mpiexec(2, "-c", code, timeout=60).stdout
+    assert "refused: rank 1: MPI reported an error while this rank waited for a message from " \
+        "rank 0 during recv #1 from rank 0" in out, out
+
+
 def test_a_receive_that_no_rank_sends_to_times_out_naming_the_message():
     def body(comm):
         if comm.rank == 1:

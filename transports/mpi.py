@@ -26,7 +26,7 @@ from mpi4py import MPI
 from .base import CALL_LINE, NO_CALL, Exchange, Moved, ReduceOp, Transport, segments
 from .bootstrap import duplicated, nodes, start
 from .cuda import copy_bytes, pinned_empty, use_gpu
-from .errors import InvalidArgumentError
+from .errors import CollectiveError, InvalidArgumentError
 
 TAG = 17
 PAIR_BYTES = 6 * 8  # a point-to-point check's six integers (check.pair_agree)
@@ -131,6 +131,21 @@ class MPITransport(Transport):
 
     def _wait_all(self, requests: list[MPI.Request], peer: int | None, what: str) -> None:
         self.wait(lambda: MPI.Request.Testall(requests), peer, what)
+
+    def wait(self, ready: Callable[[], bool], peer: int | None, what: str,
+             late: Callable[[], list[int]] | None = None) -> None:
+        """`Transport.wait`, with an error MPI reports in a request raised as a CollectiveError,
+        as every error of ringcc is (with the check off, a message longer than its receive
+        buffer; or a message of a peer that gave up on a call and went on)."""
+        try:
+            super().wait(ready, peer, what, late)
+        except MPI.Exception as error:
+            raise CollectiveError(
+                f"rank {self.named(self.rank)}: MPI reported an error while this rank waited "
+                f"for {what}" + (f" from rank {self.named(peer)}" if peer is not None else "")
+                + (f" during {self.where}" if self.where else "")
+                + " (with the check off, a message longer than its receive buffer; or one of "
+                  "a peer that gave up on a call)") from error
 
     def _ready(self) -> None:
         """Before MPI reads or writes device memory, let the kernels queued on it finish."""
