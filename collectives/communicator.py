@@ -25,7 +25,7 @@ from .all_gather import one_shot_all_gather, ring_all_gather
 from .all_reduce import auto_algorithm, one_shot_all_reduce, ring_all_reduce
 from .all_to_all import one_shot_all_to_all, pairwise_all_to_all
 from .arguments import check_buffers, check_root, check_writeable, output
-from .arrays import flat_work, same_memory
+from .arrays import flat_work, overlap, same_memory
 from .blocks import check_counts, exchanged, gathered, split
 from .broadcast import one_shot_broadcast, ring_broadcast
 from .calls import collective, current_device
@@ -493,11 +493,7 @@ class Communicator:
             recvbuf = output(recvbuf, shape, dtype, xp)
             work, copied = flat_work(recvbuf, xp)
             # The root writes its block while peers may still read theirs: not over them.
-            # (Two arrays that own their memory cannot overlap: asked without may_share_memory.)
-            overlaps = flat is not None and not copied \
-                and (work.base is not None or sendbuf.base is not None) \
-                and xp.may_share_memory(work, sendbuf)
-            if overlaps:
+            if flat is not None and not copied and overlap(work, sendbuf, xp):
                 work, copied = xp.empty_like(work), True
             copy_back = work if copied else None
             return work
@@ -770,11 +766,7 @@ class Communicator:
         if recvbuf is None:
             return xp.empty(sendbuf.shape, sendbuf.dtype), False
         recvbuf = output(recvbuf, sendbuf.shape, sendbuf.dtype, xp)
-        # Two arrays that each own their memory (base None) cannot overlap: the common case,
-        # answered without may_share_memory, which costs a small call half a microsecond.
-        in_place = recvbuf is sendbuf or (
-            (recvbuf.base is not None or sendbuf.base is not None)
-            and bool(xp.may_share_memory(recvbuf, sendbuf)))
+        in_place = overlap(recvbuf, sendbuf, xp)
         if in_place and recvbuf is not sendbuf:
             recvbuf[...] = sendbuf
         return recvbuf, in_place

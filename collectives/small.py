@@ -47,6 +47,7 @@ from transports.errors import CallsDiffer, MismatchError
 
 from .all_reduce import reduce_in_rank_order
 from .arguments import NUMERIC, output
+from .arrays import overlap
 from .check import MessagesDiffer
 from .scan import finish, prefix
 from .scatter import (LENGTH, blank, describe, description_bytes, inline_bytes,
@@ -307,9 +308,7 @@ def small_message(comm: Any, sendbuf: numpy.ndarray | None, dst: int | None,
             return GENERAL
     if recvbuf is not None and not recvbuf.flags.writeable:
         return GENERAL
-    if sendbuf is not None and recvbuf is not None and (recvbuf is sendbuf or (
-            (recvbuf.base is not None or sendbuf.base is not None)
-            and numpy.may_share_memory(recvbuf, sendbuf))):
+    if sendbuf is not None and recvbuf is not None and overlap(recvbuf, sendbuf, numpy):
         return GENERAL  # in place: the general path sends a copy
     try:
         comm._message(None if sendbuf is None else _flat(sendbuf), dst,

@@ -444,7 +444,8 @@ class Transport(ABC):
     def register(self, nbytes: int) -> Any:
         """`nbytes` of memory for the caller's buffers, flat bytes, that peers can read in
         place where the transport shares memory (then collective: every rank asks for the same
-        size). Elsewhere an ordinary allocation, which works as well, only without the gain."""
+        size, agreed beforehand by the caller). Elsewhere an ordinary allocation, which works as
+        well, only without the gain."""
         return self.xp.empty(nbytes, numpy.uint8)
 
     def barrier(self) -> None:

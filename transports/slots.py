@@ -970,13 +970,10 @@ class SlotTransport(Transport):
     def register(self, nbytes: int) -> Any:
         """`nbytes` in a new region that every peer maps (see "Registered memory"), rounded up
         to whole pages; in host memory only (elsewhere an ordinary allocation). Collective:
-        every rank asks for the same size, and the region lives until `close`."""
+        every rank asks for the same size, which its caller has agreed in a call that times out
+        (`Communicator.empty`), and the region lives until `close`."""
         if not self.memory.in_host_region:
             return super().register(nbytes)
-        sizes = self.comm.allgather(nbytes)
-        if len(set(sizes)) > 1:
-            raise InvalidArgumentError(f"rank {self.rank}: every rank must register the same "
-                                       f"size; got, by rank: {sizes}")
         regions = share_regions(self.comm, max(PAGE, -(-nbytes // PAGE) * PAGE))
         own = regions[self.rank]
         self._registered.append(regions)
