@@ -143,6 +143,7 @@ def registered_scenario() -> None:
     world = MPI.COMM_WORLD
     comm = collectives.init("shm", segment_bytes=4096, timeout=30)
     rank, size = comm.rank, comm.size
+    descriptors = len(os.listdir("/proc/self/fd"))
     for count in (1, 97, DIRECT):
         expected = cases.reduce_reference("sum", [cases.values(r, count, "float64")
                                                   for r in range(size)])
@@ -166,6 +167,8 @@ def registered_scenario() -> None:
             shared[...] = 7
         comm.broadcast(shared, root=size - 1)
         assert (shared == 7).all()
+    # Each buffer is a mapping of every rank's region, and a mapping holds no descriptor.
+    assert len(os.listdir("/proc/self/fd")) == descriptors, "registered memory holds descriptors"
     registered_send_waits_for_a_slot(comm)
     # Every rank must ask for the same: else every rank says so, and the communicator works on.
     try:

@@ -22,6 +22,7 @@ import ctypes
 import mmap
 import os
 import secrets
+import weakref
 from typing import Any
 
 import numpy
@@ -45,6 +46,32 @@ for _call in (_process_vm_readv, _process_vm_writev):
         _call.restype = ctypes.c_ssize_t
         _call.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong,
                           ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.c_ulong]
+
+
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def map_shared(fd: int, nbytes: int, writable: bool) -> numpy.ndarray:
+    """Map `nbytes` of `fd` shared, as bytes that are unmapped once no array uses them.
+
+    Not Python's `mmap.mmap`, which keeps a duplicate of `fd` open for as long as the mapping
+    lives: a rank maps one region per peer for the communicator and again for every registered
+    buffer, which would hold N descriptors per buffer against the process's limit."""
+    protection = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+    address = _libc.mmap(None, nbytes, protection, mmap.MAP_SHARED, fd, 0)
+    if address in (None, _MAP_FAILED):
+        error = ctypes.get_errno()
+        raise OSError(error, f"mmap of {nbytes} bytes: {os.strerror(error)}")
+    memory = (ctypes.c_uint8 * nbytes).from_address(address)
+    unmap = weakref.finalize(memory, _libc.munmap, address, nbytes)  # when the last view goes
+    unmap.atexit = False  # at exit the process's end unmaps it, after every exit hook has run
+    array = numpy.frombuffer(memory, numpy.uint8)  # holds `memory`, as every view of it does
+    array.flags.writeable = writable
+    return array
 
 
 def read_peer(pid: int, address: int, into: numpy.ndarray) -> None:
@@ -104,20 +131,20 @@ def create_region(nbytes: int) -> tuple[str, numpy.ndarray]:
     try:
         os.fchmod(fd, 0o600)  # whatever the umask
         os.posix_fallocate(fd, 0, nbytes)  # claim the pages now: ENOSPC here, not SIGBUS later
-        memory = mmap.mmap(fd, nbytes)
+        memory = map_shared(fd, nbytes, writable=True)
     except BaseException:
         os.unlink(path)
         raise
     finally:
         os.close(fd)
-    return path, numpy.frombuffer(memory, numpy.uint8)
+    return path, memory
 
 
 def attach_region(path: str, nbytes: int) -> numpy.ndarray:
     """Map a peer's region read-only."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     try:
-        return numpy.frombuffer(mmap.mmap(fd, nbytes, access=mmap.ACCESS_READ), numpy.uint8)
+        return map_shared(fd, nbytes, writable=False)
     finally:
         os.close(fd)
 
