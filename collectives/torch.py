@@ -157,12 +157,13 @@ class ProcessGroup(dist.ProcessGroup):
     ranks that `make(device)` returns the first time such a tensor comes (every rank makes the
     same calls in the same order, so every rank makes it at the same call)."""
 
-    def __init__(self, comm: Communicator,
-                 make: Callable[[str], Communicator] | None = None) -> None:
+    def __init__(self, comm: Communicator, make: Callable[[str], Communicator] | None = None,
+                 release: Callable[[], None] | None = None) -> None:
         super().__init__(comm.rank, comm.size)
         self.comm = comm
         self._comms = {comm.device: comm}
         self._make = make
+        self._release = release  # a group torch made: closes what it made (`shutdown`)
         self._group_name = ""
 
     def getBackendName(self) -> str:  # noqa: N802 - PyTorch's name
@@ -175,8 +176,15 @@ class ProcessGroup(dist.ProcessGroup):
         return self._group_name
 
     def shutdown(self) -> None:
-        """What `dist.destroy_process_group` calls: nothing to release, the communicators
-        are their makers' to close."""
+        """What `dist.destroy_process_group` calls. A group torch made on the ringcc backend
+        closes the communicators it made, which nothing else holds (each keeps its shared or
+        device memory until closed); one from `process_group(comm)` leaves `comm` to its
+        maker."""
+        if self._release is not None:
+            release, self._release = self._release, None
+            for comm in self._comms.values():
+                comm.close()
+            release()
 
     def _comm_for(self, tensor: torch.Tensor, call: str) -> Communicator:
         """The communicator that moves `tensor`'s device's arrays; InvalidTypeError naming
@@ -473,7 +481,8 @@ def _create(options: Any, backend_options: Any = None) -> ProcessGroup:
                               f"spans the ranks of the MPI job, in their order")
     # CUDA tensors, when they come, over a communicator on the GPU (cuda_ipc on one node).
     return ProcessGroup(comm, make=lambda device: collectives.init(comm=members, device=device,
-                                                                   timeout=seconds))
+                                                                   timeout=seconds),
+                        release=members.Free if ranks else lambda: None)
 
 
 def init_process_group(**options: Any) -> None:

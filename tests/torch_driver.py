@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
+import numpy
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -204,6 +205,14 @@ def subgroup_calls(gloo: dist.ProcessGroup) -> None:
     box = values(rank, 4)
     dist.broadcast(box, src=even[-1], group=group)
     same(box, values(even[-1], 4), "broadcast from the last even rank")
+    comm = group.comm  # made by the backend for this group: destroying the group closes it
+    dist.destroy_process_group(group)
+    try:
+        comm.all_reduce(numpy.ones(2))
+    except collectives.InvalidArgumentError as error:
+        assert "this communicator is closed" in str(error), error
+    else:
+        raise AssertionError("a destroyed group's communicator was left open")
 
 
 def reversed_group_calls(gloo: dist.ProcessGroup) -> None:
