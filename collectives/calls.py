@@ -95,6 +95,25 @@ def current_device(xp: Any) -> Callable[[], None] | None:
     return device.use
 
 
+def on_callers_stream(xp: Any) -> Callable[[Callable[[], Any]], Callable[[], Any]] | None:
+    """What runs a call submitted to the progress thread on the CUDA stream current where it
+    was submitted (None for NumPy). CuPy's current stream is per thread too, and the caller's
+    kernels that write the call's inputs, and those that read its results, are ordered on
+    the caller's: the transport's copies and reductions, and its synchronisations, must be
+    on that one (as NCCL's kernels are on the stream it is given)."""
+    if xp is numpy:
+        return None
+
+    def wrap(call: Callable[[], Any]) -> Callable[[], Any]:
+        stream = xp.cuda.get_current_stream()
+
+        def on_stream() -> Any:
+            with stream:
+                return call()
+        return on_stream
+    return wrap
+
+
 def _holds_tensor(args: tuple, kwargs: dict) -> bool:
     """Whether any argument comes from torch: a plain loop, since every call, small ones too,
     asks (a generator over `is_tensor` costs twice as much)."""

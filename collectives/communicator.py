@@ -28,7 +28,7 @@ from .arguments import check_buffers, check_root, check_writeable, output
 from .arrays import flat_work, overlap, same_memory
 from .blocks import check_counts, exchanged, gathered, split
 from .broadcast import one_shot_broadcast, ring_broadcast
-from .calls import collective, current_device
+from .calls import collective, current_device, on_callers_stream
 from .check import (LEFT_WAITING, MESSAGES, MessagesDiffer, agree, descriptor, disagreement,
                     pair_agree)
 from .gather import gather_to_root, one_shot_gather
@@ -90,7 +90,7 @@ class Communicator:
         self._descriptors: dict[tuple, tuple[int, ...]] = {}  # a call's descriptor but its seq
         self._messages = Messages(transport.rank, transport.size)  # point to point, numbered
         self._progress = Progress(f"ringcc-progress-rank-{transport.rank}",
-                                  current_device(transport.xp))
+                                  current_device(transport.xp), on_callers_stream(transport.xp))
         # All-reduces up to this size may take the small-call lane (small.py), which keeps
         # what it knows of each kind of call it has seen.
         self._small_bytes = transport.one_shot_bytes \

@@ -107,9 +107,9 @@ def scatter_from_root(transport: Transport, flat: Any | None, bounds: list[tuple
     description = describe(shape, counts, flat.dtype.str, size)
     inline = flat.nbytes <= inline_bytes(size)
     if inline:
-        description = description.copy()
+        description = xp.array(description)  # a copy (descriptions are kept), on flat's device
         room = description_bytes(size)
-        description[room:room + flat.nbytes] = flat.view(numpy.uint8)
+        description[room:room + flat.nbytes] = flat.view(xp.uint8)
     _describing(transport, xp.asarray(description))
     target = receive_into(shape if counts is None else (counts[root],), flat.dtype)
     if not inline:

@@ -94,9 +94,12 @@ class Work:
 class Progress:
     """The progress thread of one communicator: runs submitted calls one at a time, in order."""
 
-    def __init__(self, name: str, prepare: Callable[[], None] | None = None) -> None:
+    def __init__(self, name: str, prepare: Callable[[], None] | None = None,
+                 in_callers_context: Callable[[Callable[[], Any]], Callable[[], Any]] | None
+                 = None) -> None:
         self._name = name
         self._prepare = prepare  # run first on the thread (e.g. CUDA's current device)
+        self._in_callers_context = in_callers_context  # wraps each call where it is submitted
         self._calls: queue.SimpleQueue[tuple[Work, Callable[[], Any]] | None] = \
             queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -111,6 +114,8 @@ class Progress:
 
     def submit(self, what: str, call: Callable[[], Any]) -> Work:
         """Queue `call` behind every call submitted before it; a `Work` for its outcome."""
+        if self._in_callers_context is not None:
+            call = self._in_callers_context(call)
         work = Work(what)
         with self._lock:
             self.outstanding += 1

@@ -250,6 +250,20 @@ def collectives_scenario(transport: str) -> None:
         print(f"all-reduce one-shot in pieces ok: {examples} dtype x count sweeps", flush=True)
 
 
+# out[i] = value * i, once each thread has spun `cycles` clocks: an input written late.
+SPIN_THEN_FILL = r"""
+extern "C" __global__ void spin_then_fill(double* out, long long n, double value,
+                                          long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) { }
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)blockDim.x * gridDim.x) {
+        out[i] = value * i;
+    }
+}
+"""
+
+
 def lifecycle_scenario() -> None:
     """What is particular to cuda_ipc: devices, memory, handles, streams, threads, close."""
     import cupy
@@ -283,12 +297,20 @@ def lifecycle_scenario() -> None:
     else:
         raise AssertionError("a NumPy array went through a cuda_ipc communicator")
 
-    # Ordered on the caller's stream, whichever it is: a non-blocking one here.
-    with cupy.cuda.Stream(non_blocking=True):
-        work = cupy.arange(1 << 20, dtype=cupy.float64) * (rank + 1)
-        assert comm.all_reduce(work, work) is work
-        expected = numpy.arange(1 << 20, dtype=numpy.float64) * (size * (size + 1) // 2)
-        assert numpy.array_equal(work.get(), expected)
+    # Ordered on the caller's stream, whichever it is: a non-blocking one here, whose kernel
+    # writes the input only after spinning some 20 ms; blocking, and queued on the progress
+    # thread (which must take the caller's stream, not its own).
+    expected = numpy.arange(1 << 20, dtype=numpy.float64) * (size * (size + 1) // 2)
+    spin_then_fill = cupy.RawKernel(SPIN_THEN_FILL, "spin_then_fill")
+    for async_op in (False, True):
+        with cupy.cuda.Stream(non_blocking=True) as stream:
+            work = cupy.zeros(1 << 20, dtype=cupy.float64)
+            spin_then_fill((256,), (256,), (work, numpy.int64(work.size),
+                                            numpy.float64(rank + 1), numpy.int64(40_000_000)))
+            done = comm.all_reduce(work, work, async_op=async_op)
+            assert (done.wait() if async_op else done) is work
+            stream.synchronize()
+            assert numpy.array_equal(work.get(), expected), f"async_op={async_op}"
 
     # From another thread, once it has made the communicator's GPU current (CUDA's current
     # device is per thread), as the trainer's communication thread does.
@@ -335,14 +357,15 @@ def failure_scenario() -> None:
     else:
         raise AssertionError("an all-reduce with a failing rank succeeded")
     comm.close()
+    from transports import cuda_ipc
+
+    assert not cuda_ipc._kept, "a peer did not come to close: its memory was kept"
     print("closed", flush=True)
 
 
 def unavailable_scenario() -> None:
     """Without CuPy or a GPU, asking for one says which is missing; and the MPI library says
     whether it takes device memory."""
-    from transports.mpi import cuda_aware
-
     for transport in ("cuda_ipc", "auto", "mpi"):
         try:
             collectives.init(transport, device="cuda")
@@ -350,6 +373,13 @@ def unavailable_scenario() -> None:
             print(f"{transport}: {error}", flush=True)
         else:
             raise AssertionError(f"{transport} with device='cuda' opened without a GPU")
+    mpi_library_scenario()
+
+
+def mpi_library_scenario() -> None:
+    """Whether the MPI library takes device memory, as found and as forced."""
+    from transports.mpi import cuda_aware
+
     for forced in ("0", "1", None):
         if forced is None:
             os.environ.pop("RINGCC_MPI_CUDA", None)
@@ -360,7 +390,8 @@ def unavailable_scenario() -> None:
 
 
 SCENARIOS = {"collectives": collectives_scenario, "lifecycle": lifecycle_scenario,
-             "failure": failure_scenario, "unavailable": unavailable_scenario}
+             "failure": failure_scenario, "unavailable": unavailable_scenario,
+             "mpi_library": mpi_library_scenario}
 
 if __name__ == "__main__":
     SCENARIOS[sys.argv[1]](*sys.argv[2:])

@@ -9,6 +9,8 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+import threading
+import types
 from pathlib import Path
 
 import numpy
@@ -47,7 +49,7 @@ def test_every_collective_on_mpi_staged_through_host_memory(ranks):
 
 @needs_gpu
 def test_every_collective_on_cuda_aware_mpi():
-    probe = mpiexec(1, DRIVER, "unavailable", check=False, timeout=120)
+    probe = mpiexec(1, DRIVER, "mpi_library", timeout=120)
     if "RINGCC_MPI_CUDA=None: True" not in probe.stdout:
         pytest.skip("this MPI library does not take device memory")
     job = mpiexec(2, DRIVER, "collectives", "mpi", timeout=GPU_TIMEOUT)
@@ -178,3 +180,65 @@ def test_the_benchmark_compares_with_a_plain_copy_on_the_host():
     assert "measured: ringcc:shm (main), ringcc:mpi, copy" in job.stdout
     assert "262144 B float32 sum: busbw / copy bandwidth" in job.stdout, job.stdout
 
+
+
+def test_the_first_communicator_on_the_gpu_chooses_it_for_every_later_one(monkeypatch):
+    """A process's GPU is its place on its node in its first communicator on the GPU, mod the
+    GPUs: a later one over other ranks (a subgroup, a hierarchical part), where its place is
+    another, keeps it. (A stand-in for CuPy counts 4 GPUs and records which is made current.)"""
+    from transports import cuda
+
+    made_current = []
+
+    class Device:
+        def __init__(self, index: int) -> None:
+            self.index = index
+
+        def use(self) -> None:
+            made_current.append(self.index)
+
+    runtime = types.SimpleNamespace(getDeviceCount=lambda: 4)
+    stand_in = types.SimpleNamespace(cuda=types.SimpleNamespace(Device=Device, runtime=runtime))
+    places = iter([5, 0, 2])  # this rank's place on its node in each communicator
+    monkeypatch.setattr(cuda, "cupy", stand_in)
+    monkeypatch.setattr(cuda, "_gpu", None)
+    monkeypatch.setattr(cuda, "local_rank", lambda comm: next(places))
+    for _ in range(3):
+        assert cuda.use_gpu(None) is stand_in
+    assert made_current == [1, 1, 1]
+
+
+def test_a_call_on_the_progress_thread_runs_on_the_stream_current_where_it_was_made():
+    """CuPy's current stream is per thread: a call queued on the progress thread runs in the
+    stream that was current where it was made, not the thread's own. (A stand-in for CuPy
+    records the streams entered, and on which thread.)"""
+    from collectives.calls import on_callers_stream
+    from collectives.work import Progress
+
+    entered = []
+
+    class Stream:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __enter__(self) -> "Stream":
+            entered.append((self.name, threading.current_thread().name))
+            return self
+
+        def __exit__(self, *exc_info: object) -> None:
+            entered.append(("left", self.name))
+
+    current = [Stream("the caller's")]
+    stand_in = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(get_current_stream=lambda: current[0]))
+    progress = Progress("progress", None, on_callers_stream(stand_in))
+    held = threading.Lock()
+    held.acquire()
+    first = progress.submit("a call that waits", held.acquire)
+    second = progress.submit("a call", lambda: threading.current_thread().name)
+    current[0] = Stream("a later one")  # made current after the call: the call keeps its own
+    held.release()
+    assert first.wait() and second.wait() == "progress"
+    progress.close()
+    assert entered == [("the caller's", "progress"), ("left", "the caller's")] * 2, entered
+    assert on_callers_stream(numpy) is None

@@ -38,10 +38,22 @@ def require_cupy() -> ModuleType:
     return cupy
 
 
+_gpu: int | None = None  # this process's GPU, once its first communicator on one chose it
+
+
 def use_gpu(comm: MPI.Comm) -> ModuleType:
-    """CuPy, with GPU (rank on this node) mod (GPUs) made current on this thread. Collective."""
+    """CuPy, with this process's GPU made current on this thread. Collective.
+
+    The first communicator on the GPU chooses it: (this rank's place on its node in `comm`)
+    mod (GPUs). Every later one keeps it, since a communicator over other ranks (a subgroup,
+    the parts of the hierarchical transport, one rank per node) would count places anew and
+    move the process, with the arrays it already has, to another GPU."""
+    global _gpu
     cp = require_cupy()
-    cp.cuda.Device(local_rank(comm) % cp.cuda.runtime.getDeviceCount()).use()
+    place = local_rank(comm)  # (on every rank of `comm`, chosen or not: it is collective)
+    if _gpu is None:
+        _gpu = place % cp.cuda.runtime.getDeviceCount()
+    cp.cuda.Device(_gpu).use()
     return cp
 
 
