@@ -46,6 +46,7 @@ def collective(method: Callable[..., Any]) -> Callable[..., Any]:
     def call(self: Any, *args: Any, async_op: bool = False, **kwargs: Any) -> Any:
         if async_op or self._progress.outstanding:
             if not self._progress.on_thread():
+                self._usable()  # refused here, as a blocking call is, with no thread started
                 # On the progress thread, in its turn, this same wrapper runs the call.
                 work = self._progress.submit(f"{name} ({'async' if async_op else 'queued'} "
                                              f"call)", lambda: call(self, *args, **kwargs))

@@ -98,8 +98,11 @@ class Communicator:
         self._small_calls: dict[tuple, tuple[Any, tuple, Any]] = {}
         if transport.size > 1:
             self._agree_on_checking()
+        # What the caller's thread records into (spans, and `write_timeline`'s default): the
+        # transport's own trace switches in turn with the queued calls (`trace`).
+        self._recording: Trace | None = None
         if trace:
-            transport.trace = Trace()
+            transport.trace = self._recording = Trace()
 
     def _agree_on_checking(self) -> None:
         """Refuse, on every rank, ranks that differ on the call check (`check=`,
@@ -160,8 +163,8 @@ class Communicator:
         them, so that its list is whole.
         """
         transport = self._transport
-        records = Trace() if transport.trace is None else transport.trace
-        outer = transport.trace
+        outer = self._recording
+        records = self._recording = Trace() if outer is None else outer
 
         def switch(to: Any) -> None:
             transport.trace = to
@@ -172,13 +175,14 @@ class Communicator:
         try:
             yield records
         finally:
+            self._recording = outer
             self._in_turn(lambda: switch(outer))
 
     @contextmanager
     def span(self, name: str) -> Iterator[None]:
         """Mark the caller's own work inside the block ("backward") on the timeline, beside
         the calls; nothing when not tracing."""
-        trace = self._transport.trace
+        trace = self._recording
         start = time.perf_counter()
         try:
             yield
@@ -189,12 +193,13 @@ class Communicator:
     def write_timeline(self, path: str, records: Trace | None = None) -> None:
         """Write what every rank traced (default: since `init(trace=True)`, or in the current
         `trace` block) to `path` as Chrome trace-event JSON, for Perfetto or chrome://tracing:
-        one process per rank, one row per phase. Collective: rank 0 gathers and writes."""
-        records = records if records is not None else self._transport.trace
+        one process per rank, one row per phase. Collective: rank 0 gathers and writes, once
+        the calls queued before it have run (their records are then whole)."""
+        records = records if records is not None else self._recording
         if records is None:
             raise InvalidArgumentError("nothing traced: make the communicator with "
                                        "trace=True, or pass the records of a `trace` block")
-        write_timeline(self, path, records)
+        self._in_turn(lambda: write_timeline(self, path, records))
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Work:
         """Run `fn(*args)` on the progress thread, after every call made before it; a `Work`
@@ -725,8 +730,9 @@ class Communicator:
         return self._pair(sendbuf, dst, recvbuf, dst if src is None else src)
 
     def wait_all(self) -> None:
-        """Wait until every call made so far has run (as MPI_Waitall on all of them); the
-        progress thread then ends, until the next `async_op` call starts it again."""
+        """Wait until every call made so far has run; the progress thread then ends, until the
+        next `async_op` call starts it again. It raises none of their errors (unlike
+        MPI_Waitall): each stays with its `Work`, whose `wait()` raises it."""
         if self._progress.on_thread():
             raise InvalidArgumentError("wait_all and close wait for the progress thread: call "
                                        "them from the thread that made the calls")

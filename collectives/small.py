@@ -69,9 +69,11 @@ def small_all_reduce(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, op:
             or comm._broken is not None or transport.closed or not sendbuf.flags.c_contiguous
             or type(op) is not str):
         return GENERAL
+    if comm._progress.outstanding and not comm._progress.on_thread():
+        return GENERAL  # (in its turn, on the progress thread)
     key = ("all_reduce", op, sendbuf.dtype, sendbuf.shape)
     kind = comm._small_calls.get(key) or _learn(comm, key, "all_reduce", sendbuf, op)
-    if kind is None or comm._progress.outstanding and not comm._progress.on_thread():
+    if kind is None:
         return GENERAL
     if recvbuf is not None and not _fits(recvbuf, sendbuf.shape, sendbuf.dtype):
         return GENERAL

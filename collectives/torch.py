@@ -35,6 +35,7 @@ PyTorch stays optional: nothing else in ringcc imports it.
 
 import atexit
 import os
+import threading
 import weakref
 from datetime import timedelta
 from typing import Any, Callable
@@ -45,7 +46,8 @@ import torch.distributed as dist
 
 import collectives
 
-from transports.errors import CollectiveError, InvalidArgumentError, InvalidTypeError
+from transports.errors import (CollectiveError, CollectiveTimeoutError, InvalidArgumentError,
+                               InvalidTypeError)
 
 from .arrays import module_for_device, tensor_memory
 from .communicator import Communicator
@@ -63,7 +65,8 @@ def _stop_progress() -> None:
     # A thread still alive when the interpreter finalizes is torn down inside torch's C++ and
     # aborts the process ("terminate called without an active exception"): end them first.
     for comm in list(_served):
-        comm.wait_all()
+        if comm._broken is None:  # (a broken one's queued calls may never be joined)
+            comm.wait_all()
 
 
 def run(comm: Communicator, call: Callable[[], Any]) -> torch.futures.Future:
@@ -93,8 +96,21 @@ class FutureWork(dist.Work):
         self._future = future
 
     def wait(self, timeout: timedelta | None = None) -> bool:
+        """Wait for the call, and raise what it raised. With a `timeout` (not 0, torch's "no
+        timeout"), a CollectiveTimeoutError once it has passed, as Gloo's work raises; the
+        call goes on."""
+        if timeout and not self._future.done():
+            finished = threading.Event()
+            self._future.add_done_callback(lambda _: finished.set())
+            if not finished.wait(timeout.total_seconds()):
+                raise CollectiveTimeoutError(f"the call did not complete within "
+                                             f"{timeout.total_seconds():g} s")
         self._future.wait()  # raises the call's error
         return True
+
+    def result(self) -> list[torch.Tensor]:
+        """The call's output tensors, once it has run (as Gloo's work gives them)."""
+        return _tensors_in(self._future.wait())
 
     def is_completed(self) -> bool:
         return self._future.done()
@@ -113,6 +129,13 @@ class FutureWork(dist.Work):
 
     def get_future(self) -> torch.futures.Future:
         return self._future
+
+
+def _tensors_in(value: Any) -> list[torch.Tensor]:
+    """The tensors in a call's result (a tensor, or lists of them), in order."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    return [t for item in value or () for t in _tensors_in(item)]
 
 
 def _counts_matrix(comm: Communicator, sends: list[int]) -> list[list[int]]:

@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from transports.errors import CollectiveTimeoutError
+from transports.errors import CollectiveError, CollectiveTimeoutError, InvalidArgumentError
 
 
 class Work:
@@ -37,6 +37,7 @@ class Work:
         self._running = threading.Lock()
         self._running.acquire()
         self._done = False
+        self._runner: threading.Thread | None = None  # the progress thread it is queued on
         self._result: Any = None
         self._error: BaseException | None = None
 
@@ -61,6 +62,12 @@ class Work:
     def _await(self, timeout: float | None) -> None:
         if self._done:
             return
+        if threading.current_thread() is self._runner:
+            # From a submitted function (or a torch callback): the thread would wait for
+            # a call queued behind the one it runs, that is, for itself, for ever.
+            raise InvalidArgumentError(f"{self.what} is queued behind the call that waits for "
+                                       f"it, on the same progress thread: wait for it after "
+                                       f"that call has returned")
         if not self._running.acquire(timeout=-1 if timeout is None else timeout):
             raise CollectiveTimeoutError(f"{self.what} did not complete within {timeout:g} s")
         self._running.release()  # for any other waiter
@@ -123,6 +130,7 @@ class Progress:
                 self._thread = threading.Thread(target=self._serve, name=self._name,
                                                 daemon=True)
                 self._thread.start()
+            work._runner = self._thread
         self._calls.put((work, call))
         return work
 
@@ -163,6 +171,8 @@ def run_now(what: str, call: Callable[[], Any]) -> Work:
 
 
 def _raiser(error: BaseException) -> Callable[[], Any]:
+    """A call that raises its own error, caused by `error` (each call's carries its own
+    note of which call it was)."""
     def call() -> Any:
-        raise error
+        raise CollectiveError(f"the progress thread could not start: {error}") from error
     return call

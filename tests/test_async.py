@@ -280,3 +280,70 @@ def test_a_trace_block_starts_without_waiting_for_the_calls_queued_before_it():
         return None
 
     assert collectives.spawn(body, 2, timeout=5)[0] == [1.0, 1.0, 1.0]
+
+
+def test_a_timeline_written_with_calls_queued_holds_them_and_a_span_in_a_later_block_counts(
+        tmp_path):
+    """`write_timeline` right after async calls (no wait) writes once they have run: it held
+    none of them, as its gather queued behind them. A `span` in a `trace` block entered while
+    calls were queued was lost: it read the transport's trace, which switches in turn."""
+    path = str(tmp_path / "timeline.json")
+
+    def body(comm):
+        started = [comm.all_reduce(numpy.ones(300), async_op=True) for _ in range(3)]
+        with comm.trace() as records:
+            comm.all_reduce(numpy.ones(300), async_op=True)
+            with comm.span("backward"):
+                pass
+            comm.write_timeline(path, records)
+        return [work.is_completed() for work in started], [row for row, *_ in records.calls]
+
+    for completed, rows in collectives.spawn(body, 2, segment_bytes=512, one_shot_bytes=0):
+        assert completed == [True] * 3 and rows.count("spans") == 1, rows
+    rows = check_timeline(tmp_path / "timeline.json", 2, {"spans", "calls"})
+    assert rows[(0, "calls")][0] == "all_reduce #4" and rows[(1, "spans")] == ["backward"]
+
+
+def test_an_async_call_on_a_closed_communicator_is_refused_at_the_call():
+    def body(comm):
+        comm.close()
+        with pytest.raises(collectives.InvalidArgumentError, match="closed"):
+            comm.all_reduce(numpy.ones(2), async_op=True)
+        return comm._progress._thread is None  # and no progress thread was started
+
+    assert collectives.spawn(body, 2) == [True, True]
+
+
+def test_waiting_on_the_progress_thread_for_a_call_queued_behind_is_refused():
+    """A submitted function that waits for a call made after it waited for ever, and `close`
+    with it: the progress thread would run that call only once the function returned."""
+    def body(comm):
+        made, later = threading.Event(), []
+
+        def waits_for_the_next():
+            made.wait(30)
+            return later[0].wait()
+        first = comm.submit(waits_for_the_next)
+        later.append(comm.all_reduce(numpy.ones(2), async_op=True))
+        made.set()
+        with pytest.raises(collectives.InvalidArgumentError, match="queued behind the call"):
+            first.wait()
+        return later[0].wait().tolist()
+
+    assert collectives.spawn(body, 2, timeout=10) == [[2.0, 2.0]] * 2
+
+
+def test_a_progress_thread_that_could_not_start_gives_each_call_its_own_error():
+    from collectives.work import Progress
+
+    def fail() -> None:
+        raise OSError("no such device")
+
+    progress = Progress("progress", fail)
+    works = [progress.submit(f"call {n}", lambda: None) for n in range(3)]
+    progress.close()
+    errors = [work.exception() for work in works]
+    assert len({id(error) for error in errors}) == 3
+    for n, error in enumerate(errors):
+        assert isinstance(error, collectives.CollectiveError) and "no such device" in str(error)
+        assert error.__notes__ == [f"raised by call {n}"], error.__notes__

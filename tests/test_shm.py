@@ -713,6 +713,24 @@ def scenario_ends_well(name: str, ranks: int, said: str) -> None:
     assert_gone(regions_of(job.stdout))
 
 
+def test_a_peer_that_died_and_is_not_yet_reaped_counts_as_dead_in_a_long_wait():
+    """A process that died, and whose parent has not reaped it (a zombie: a launcher that
+    does not clean up), still takes signals: the wait for it ran to its timeout instead of
+    saying the peer died. Now and then a long wait reads the peer's state."""
+    from transports.slots import _alive
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        state = ""
+        while state != "Z":  # until it has died; Popen reaps it only when asked
+            time.sleep(0.01)
+            with open(f"/proc/{child.pid}/stat") as stat:
+                state = stat.read().rpartition(")")[2].split()[0]
+        assert _alive(child.pid) and not _alive(child.pid, thorough=True)
+    finally:
+        child.wait()
+
+
 def test_a_receiver_that_gives_up_on_a_shared_message_keeps_the_buffer_it_lent():
     scenario_ends_well("late_share", 2, "late share ok")
 

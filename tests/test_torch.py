@@ -107,6 +107,37 @@ def test_a_job_ends_cleanly_with_its_progress_threads_idle(tmp_path):
     assert job.returncode == 0 and job.stdout.count("done") == 2, job.stdout + job.stderr
 
 
+def test_a_job_left_by_an_error_with_a_call_queued_ends_without_waiting_for_it(tmp_path):
+    """A `with` block left by an error while a call is queued that the peer never joins does
+    not wait for it, and nor does the exit: the exit hook waited for the broken
+    communicator's call for the whole timeout (60 s here, the job's limit 45 s)."""
+    script = tmp_path / "left_queued.py"
+    script.write_text(textwrap.dedent("""
+        import threading
+
+        import numpy
+
+        import collectives
+        import collectives.torch
+
+        def all_reduce(comm, started):
+            started.set()
+            comm.all_reduce(numpy.ones(4))
+
+        try:
+            with collectives.init(timeout=60) as comm:
+                if comm.rank == 0:  # a call under way, which rank 1 never joins
+                    started = threading.Event()
+                    collectives.torch.run(comm, lambda: all_reduce(comm, started))
+                    started.wait()
+                raise KeyError("the caller's own error")
+        except KeyError:
+            print("left", flush=True)
+    """))
+    job = mpiexec(2, str(script), timeout=45, check=False)
+    assert job.returncode == 0 and job.stdout.count("left") == 2, job.stdout + job.stderr
+
+
 def test_only_collectives_torch_imports_torch():
     import ast
     from pathlib import Path

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+from datetime import timedelta
 
 import numpy
 import torch
@@ -49,6 +50,22 @@ def calls_scenario(gloo: dist.ProcessGroup) -> None:
     work = dist.all_reduce(ours, async_op=True)  # returns at once; done once waited for
     work.wait()
     same(ours, sum(values(r, 1000) for r in range(size)), "all_reduce, async_op=True")
+    assert [t.data_ptr() for t in work.result()] == [ours.data_ptr()], "result(): its tensors"
+    if size > 1:  # a wait with a timeout: rank 1 joins only once rank 0's wait has given up
+        token = torch.zeros(1)
+        if rank == 1:
+            dist.recv(token, 0, group=gloo)
+        work = dist.all_reduce(torch.ones(2), async_op=True)
+        if rank == 0:
+            try:
+                work.wait(timeout=timedelta(milliseconds=50))
+            except collectives.CollectiveTimeoutError as error:
+                assert "did not complete within 0.05 s" in str(error), error
+            else:
+                raise AssertionError("wait(timeout) returned before the call could complete")
+            dist.send(token, 1, group=gloo)
+        work.wait()
+        same(work.result()[0], torch.full((2,), float(size)), "all_reduce after a timed wait")
 
     ours = [torch.empty(7) for _ in range(size)]
     theirs = [torch.empty(7) for _ in range(size)]

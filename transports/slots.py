@@ -178,13 +178,21 @@ def _sender_part(nbytes: int) -> int:
     return nbytes // 2 // LINE * LINE
 
 
-def _alive(pid: int) -> bool:
+def _alive(pid: int, thorough: bool = False) -> bool:
+    """Whether process `pid` is alive. `thorough` also reads its state, since a process that
+    died and that its parent has not reaped yet (a zombie) still takes signals."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         pass
+    if thorough:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as stat:
+                return stat.read().rpartition(b")")[2].split()[0] != b"Z"
+        except (OSError, IndexError):
+            pass
     return True
 
 
@@ -352,6 +360,7 @@ class SlotTransport(Transport):
         pids = self.comm.allgather(os.getpid())
         # Watch peers for death only if their pids mean something here (same pid namespace).
         self._pids = pids if all(_alive(p) for p in pids) else None
+        self._checks = 0  # of peers' lives (`_check_peer`)
         # Messages from DIRECT_BYTES up are read straight out of the sender's buffer, where
         # the memory kind can: one copy instead of two, through no slot.
         self.single_copy = self.memory.can_read(self.comm, pids, self._pids is not None)
@@ -991,8 +1000,10 @@ class SlotTransport(Transport):
     def _check_peer(self, peer: int | None) -> None:
         if self._pids is None:
             return
+        self._checks += 1
+        thorough = self._checks % 64 == 0  # (a file to read: now and then, in a long wait)
         for r in range(self.size) if peer is None else (peer,):
-            if r != self.rank and not _alive(self._pids[r]):
+            if r != self.rank and not _alive(self._pids[r], thorough):
                 raise PeerFailedError(f"rank {self.named(self.rank)}: rank {self.named(r)} (pid "
                                       f"{self._pids[r]}) has died"
                                       + (f" during {self.where}" if self.where else ""))
