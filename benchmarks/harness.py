@@ -54,8 +54,8 @@ def main(collective: Collective, argv: list[str] | None = None) -> int:
     from mpi4py import MPI
 
     argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(collective, argv)
     world = MPI.COMM_WORLD
+    args = parse_args(collective, argv, quiet=world.Get_rank() != 0)
     rank, ranks = world.Get_rank(), world.Get_size()
     say = print if rank == 0 else (lambda *_, **__: None)
     if collective.rooted and not 0 <= args.root < ranks:
@@ -95,7 +95,12 @@ def main(collective: Collective, argv: list[str] | None = None) -> int:
             for impl in impls:
                 if hasattr(impl.comm, collective.name) and dtype not in impl.dtypes:
                     say(f"# {impl.name} cannot move {dtype}: not measured")
-            sizes = counts(collective, args.sizes, numpy.dtype(dtype).itemsize, ranks)
+            itemsize = numpy.dtype(dtype).itemsize
+            sizes = counts(collective, args.sizes, itemsize, ranks)
+            if sizes[0] * itemsize > args.sizes[0]:
+                say(f"# {args.sizes[0]} B holds no whole {dtype} element"
+                    f"{' per rank' if collective.blocks else ''}: measured at "
+                    f"{sizes[0] * itemsize} B")
             if (dtype, op) == pairs[0]:
                 warm_up(collective, impls, sizes, dtype, op, root, args, world)
             for count in sizes:

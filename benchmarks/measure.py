@@ -278,5 +278,5 @@ def measure_size(collective: Collective, impls: list[Impl], count: int, dtype: s
             "impl": impl.name, "collective": collective.name, "ranks": ranks, "bytes": nbytes,
             "count": count, "dtype": dtype, "op": op, "root": root, "time_us": time_us,
             "algbw_GBps": algbw, "busbw_GBps": algbw * factor,
-            "wrong": wrong}
+            "wrong": wrong, "registered": impl.registered is not None}
     return measured

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -103,16 +104,31 @@ def comma_list(choices: tuple[str, ...] | None = None) -> Callable[[str], list[s
         if not names or unknown:
             among = f" of {', '.join(choices)}" if choices else ""
             raise argparse.ArgumentTypeError(f"{text!r}: expected a comma list{among}")
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise argparse.ArgumentTypeError(f"{text!r} names {', '.join(twice)} twice")
         return names
     return parse
 
 
-def parse_args(collective: Collective, argv: list[str] | None = None) -> argparse.Namespace:
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser that says nothing when `quiet`: every rank parses, one speaks."""
+
+    quiet = False
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        if not self.quiet:
+            super()._print_message(message, file)
+
+
+def parse_args(collective: Collective, argv: list[str] | None = None,
+               quiet: bool = False) -> argparse.Namespace:
     """nccl-tests' options plus --transport, --device, --registered, --compare, --json and
-    --csv."""
-    parser = argparse.ArgumentParser(
+    --csv. `quiet`: errors and help exit as usual, without a word (ranks but the first)."""
+    parser = _Parser(
         prog=f"mpiexec -n N python -m benchmarks.{collective.name}",
         description=f"Time ringcc's {collective.name} against a reference, nccl-tests style.")
+    parser.quiet = quiet
     parser.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("32M"),
                         help="smallest size in bytes, K/M/G suffixes allowed (default 32M)")
     parser.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("32M"),
@@ -155,8 +171,13 @@ def parse_args(collective: Collective, argv: list[str] | None = None) -> argpars
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
     parser.add_argument("--csv", metavar="FILE", help="write the rows as CSV")
     args = parser.parse_args(argv)
-    if args.iters < 1 or args.warmup_iters < 0 or args.warmup_ms < 0:
-        parser.error("-n must be at least 1, and -w and --warmup-ms at least 0")
+    if args.iters < 1 or args.warmup_iters < 0 or not 0 <= args.warmup_ms < math.inf:
+        parser.error("-n must be at least 1, -w at least 0, and --warmup-ms a number of "
+                     "milliseconds, at least 0")
+    for option, path in (("--json", args.json), ("--csv", args.csv)):
+        folder = os.path.dirname(os.path.abspath(path)) if path else None
+        if folder and not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
+            parser.error(f"{option} {path}: {folder} is not a folder this user can write in")
     args.device = args.device or ("cuda" if "cuda_ipc" in args.transport else "cpu")
     if "memory" in args.compare and args.device != "cpu":
         parser.error("--compare memory times host memory: with --device cuda, "

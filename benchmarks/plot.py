@@ -17,7 +17,7 @@ import time
 import numpy
 
 COPY_BYTES = 256 << 20
-LABEL_KEYS = ("collective", "ranks", "dtype", "op")  # named in a label when the files differ
+LABEL_KEYS = ("collective", "ranks", "dtype", "op", "registered")  # named where files differ
 STYLES = ["-", "-.", ":"]  # "--" is the ceiling's
 
 
@@ -47,13 +47,14 @@ def load_rows(paths: list[str]) -> tuple[list[dict], list[dict]]:
 def series(rows: list[dict]) -> dict[tuple[str, str], list[tuple[int, float]]]:
     """(bytes, busbw) points by (implementation, what else tells the line apart), in file
     order; zero bandwidths (one rank) are left out of the log axes."""
-    varying = [key for key in LABEL_KEYS if len({row[key] for row in rows}) > 1]
+    varying = [key for key in LABEL_KEYS if len({row.get(key) for row in rows}) > 1]
     lines: dict[tuple[str, str], list[tuple[int, float]]] = {}
     for row in rows:
         if row["busbw_GBps"] <= 0:
             continue
-        rest = ", ".join(f"{row[key]} ranks" if key == "ranks" else str(row[key])
-                         for key in varying)
+        rest = ", ".join(f"{row[key]} ranks" if key == "ranks" else
+                         ("registered" if row.get(key) else "ordinary") if key == "registered"
+                         else str(row[key]) for key in varying)
         lines.setdefault((row["impl"], rest), []).append((row["bytes"], row["busbw_GBps"]))
     return lines
 

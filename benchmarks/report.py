@@ -117,7 +117,10 @@ def summary(rows: list[dict], impls: list[Impl]) -> str:
     """nccl-tests' closing lines: wrong elements in all, and the average bus bandwidth; then how
     ringcc stands against the copy and memory bounds, where measured."""
     wrong = sum(row["wrong"] or 0 for row in rows)
-    lines = [f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}"]
+    if rows and all(row["wrong"] is None for row in rows):
+        lines = ["# Out of bounds values : N/A (not checked: -c 0)"]
+    else:
+        lines = [f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}"]
     for k, impl in enumerate(impls):
         mine = [row["busbw_GBps"] for row in rows if row["impl"] == impl.name]
         if mine:

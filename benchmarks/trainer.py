@@ -99,7 +99,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-overlap", action="store_true", help="this trainer's overlap off")
     parser.add_argument("--profile", action="store_true",
                         help="profile rank 0's main thread during this trainer's steps")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if min(args.batch, args.steps, args.rounds) < 1 or args.warmup < 0:
+        parser.error("--batch, --steps and --rounds must be at least 1, --warmup at least 0")
+    if not (args.bucket_mb > 0 and args.zero2_bucket_mb > 0):  # (NaN too)
+        parser.error("--bucket-mb and --zero2-bucket-mb must be more than 0")
+    return args
 
 
 def stages(text: str) -> list[int]:

@@ -25,7 +25,7 @@ COLLECTIVES = [ALL_REDUCE, ALL_GATHER, BROADCAST, SCATTER, REDUCE_SCATTER]
 SCHEMA_META = {"collective", "ranks", "host", "versions", "dtype", "op", "root", "iters",
                "warmup", "warmup_ms", "command"}
 SCHEMA_ROW = ["impl", "collective", "ranks", "bytes", "count", "dtype", "op", "root", "time_us",
-              "algbw_GBps", "busbw_GBps", "wrong"]
+              "algbw_GBps", "busbw_GBps", "wrong", "registered"]
 
 
 def torch_here() -> bool:
@@ -78,11 +78,18 @@ def test_options_in_nccl_tests_spelling():
                                   ["-o", "xor"], ["-c", "2"],
                                   ["--registered", "2"],
                                   ["--compare", "memory", "--device", "cuda"],
-                                  ["--transport", "cuda_ipc", "--compare", "mpi,memory"]])
+                                  ["--transport", "cuda_ipc", "--compare", "mpi,memory"],
+                                  ["--warmup-ms", "nan"], ["--warmup-ms", "inf"],
+                                  ["--compare", "mpi,memory,mpi"], ["--transport", "shm,shm"],
+                                  ["--json", "/no/such/folder/r.json"],
+                                  ["--csv", "/no/such/folder/r.csv"]])
 def test_bad_options_are_refused(argv, capsys):
     with pytest.raises(SystemExit):
         options.parse_args(ALL_REDUCE, argv)
     assert "error" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # every rank parses; only the first says so
+        options.parse_args(ALL_REDUCE, argv, quiet=True)
+    assert capsys.readouterr() == ("", "")
 
 
 def test_all_ops_and_dtypes_leave_out_averages_of_integers():
@@ -231,8 +238,25 @@ def test_poison_makes_every_element_wrong(dtype):
 
 def example_rows(ranks: int) -> list[dict]:
     return [dict(zip(SCHEMA_ROW, [impl, "all_reduce", ranks, size, size // 4, "float32", "sum",
-                                  -1, 10.0 + size / 1e3, size / 1e4, 1.5 * size / 1e4, 0]))
+                                  -1, 10.0 + size / 1e3, size / 1e4, 1.5 * size / 1e4, 0,
+                                  False]))
             for impl in ("ringcc:mpi", "mpi") for size in (1024, 4096)]
+
+
+def test_fit_and_plot_keep_registered_and_ordinary_runs_apart(tmp_path):
+    """The same sizes measured with and without --registered 1: two series, not one."""
+    from benchmarks import fit
+
+    paths = []
+    for registered in (False, True):
+        rows = [{**row, "registered": registered, "time_us": row["time_us"] + registered}
+                for row in example_rows(2) if row["impl"] == "ringcc:mpi"]
+        paths.append(str(tmp_path / f"r{int(registered)}.json"))
+        report.write_json(paths[-1], {"collective": "all_reduce", "ranks": 2}, rows)
+    loaded = fit.load(paths)
+    assert len(loaded) == 4 and {row["runs"] for row in loaded} == {1}
+    lines = plot.series(plot.load_rows(paths)[0])
+    assert sorted(lines) == [("ringcc:mpi", "ordinary"), ("ringcc:mpi", "registered")], lines
 
 
 def test_json_and_csv_round_trip(tmp_path):
@@ -255,6 +279,8 @@ def test_table_rows_show_ratio_and_missing_peers():
     assert line.split() == ["1024", "256", "float32", "sum", "-1", "11.02", "0.10", "0.15", "0",
                             "21.00", f"{21 / 11.024:.2f}", "0", "n/a"]
     assert "0 OK" in report.summary(example_rows(2), impls)
+    unchecked = [dict(row, wrong=None) for row in example_rows(2)]  # -c 0
+    assert "# Out of bounds values : N/A (not checked: -c 0)" in report.summary(unchecked, impls)
 
 
 def test_a_peer_that_works_in_place_gets_a_buffer_of_its_own():
