@@ -9,19 +9,20 @@ busbw = algbw * 2(n-1)/n: a ring reduce-scatters then all-gathers, and each rank
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import numpy
 
 from .harness import main
 from .measure import reduce_ranks
-from .options import Collective
+from .options import Collective, Data
 
 
-def run(comm, send: numpy.ndarray, recv: numpy.ndarray, op: str, root: int) -> None:
+def run(comm: Any, send: numpy.ndarray, recv: numpy.ndarray, op: str, root: int) -> None:
     comm.all_reduce(send, recv, op=op)
 
 
-def expected(data, rank: int, ranks: int, op: str, root: int) -> numpy.ndarray:
+def expected(data: Data, rank: int, ranks: int, op: str, root: int) -> numpy.ndarray:
     return reduce_ranks(data, ranks, op)
 
 

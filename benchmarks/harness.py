@@ -93,8 +93,8 @@ def main(collective: Collective, argv: list[str] | None = None) -> int:
                 say(f"# {impl.name} does not do {collective.name}: not measured")
         for dtype, op in pairs:
             for impl in impls:
-                if hasattr(impl.comm, collective.name) and dtype not in impl.dtypes:
-                    say(f"# {impl.name} cannot move {dtype}: not measured")
+                if hasattr(impl.comm, collective.name) and not impl.can(collective.name, dtype):
+                    say(f"# {impl.name} cannot move {dtype} in {collective.name}: not measured")
             itemsize = numpy.dtype(dtype).itemsize
             sizes = counts(collective, args.sizes, itemsize, ranks)
             if sizes[0] * itemsize > args.sizes[0]:

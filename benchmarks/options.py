@@ -24,6 +24,9 @@ PEERS = ("mpi", "gloo", "torch-ringcc", "copy", "memory")
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
+Data = Callable[[int], numpy.ndarray]  # rank r -> its send buffer, for a reference
+
+
 @dataclass(frozen=True)
 class Collective:
     """What one benchmark supplies; the harness does the rest.
@@ -42,7 +45,7 @@ class Collective:
     bus_factor: Callable[[int], float]
     shapes: Callable[[int, int], tuple[tuple[int, ...], tuple[int, ...] | None]]
     run: Callable[[Any, Any, Any, str, int], Any]
-    expected: Callable[[Callable[[int], numpy.ndarray], int, int, str, int], numpy.ndarray]
+    expected: Callable[[Data, int, int, str, int], numpy.ndarray | None]
     blocks: bool = False  # one block per rank: the count is a multiple of the rank count
     reduces: bool = False  # takes an op (-o); otherwise the redop column says "none"
     rooted: bool = False  # takes a root (-r); otherwise the root column says -1

@@ -8,19 +8,20 @@ busbw = algbw: whatever the algorithm, the root's link carries the whole buffer'
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import numpy
 
 from .harness import main
 from .measure import reduce_ranks
-from .options import Collective
+from .options import Collective, Data
 
 
-def run(comm, send: numpy.ndarray, recv: numpy.ndarray, op: str, root: int) -> None:
+def run(comm: Any, send: numpy.ndarray, recv: numpy.ndarray, op: str, root: int) -> None:
     comm.reduce(send, recv, op=op, root=root)
 
 
-def expected(data, rank: int, ranks: int, op: str, root: int) -> numpy.ndarray | None:
+def expected(data: Data, rank: int, ranks: int, op: str, root: int) -> numpy.ndarray | None:
     return reduce_ranks(data, ranks, op) if rank == root else None
 
 

@@ -10,19 +10,20 @@ n-1 partial blocks around the ring.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import numpy
 
 from .harness import main
 from .measure import reduce_ranks
-from .options import Collective
+from .options import Collective, Data
 
 
-def run(comm, send: numpy.ndarray, recv: numpy.ndarray, op: str, root: int) -> None:
+def run(comm: Any, send: numpy.ndarray, recv: numpy.ndarray, op: str, root: int) -> None:
     comm.reduce_scatter(send, recv, op=op)
 
 
-def expected(data, rank: int, ranks: int, op: str, root: int) -> numpy.ndarray:
+def expected(data: Data, rank: int, ranks: int, op: str, root: int) -> numpy.ndarray:
     return reduce_ranks(lambda r: data(r)[rank], ranks, op)
 
 

@@ -8,19 +8,20 @@ nccl-tests has no scan, so no bus-bandwidth factor: busbw = algbw. Gloo has none
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import numpy
 
 from .harness import main
 from .measure import reduce_ranks
-from .options import Collective
+from .options import Collective, Data
 
 
-def run(comm, send: numpy.ndarray, recv: numpy.ndarray, op: str, root: int) -> None:
+def run(comm: Any, send: numpy.ndarray, recv: numpy.ndarray, op: str, root: int) -> None:
     comm.scan(send, recv, op=op)
 
 
-def expected(data, rank: int, ranks: int, op: str, root: int) -> numpy.ndarray:
+def expected(data: Data, rank: int, ranks: int, op: str, root: int) -> numpy.ndarray:
     return reduce_ranks(data, rank + 1, op)
 
 

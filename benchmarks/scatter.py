@@ -9,18 +9,19 @@ blocks but its own.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import numpy
 
 from .harness import main
-from .options import Collective
+from .options import Collective, Data
 
 
-def run(comm, send: numpy.ndarray, recv: numpy.ndarray, op: str, root: int) -> None:
+def run(comm: Any, send: numpy.ndarray, recv: numpy.ndarray, op: str, root: int) -> None:
     comm.scatter(send, recv, root=root)
 
 
-def expected(data, rank: int, ranks: int, op: str, root: int) -> numpy.ndarray:
+def expected(data: Data, rank: int, ranks: int, op: str, root: int) -> numpy.ndarray:
     return data(root)[rank]
 
 

@@ -9,18 +9,19 @@ busbw = algbw: each rank's link carries the buffer once each way.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import numpy
 
 from .harness import main
-from .options import Collective
+from .options import Collective, Data
 
 
-def run(comm, send: numpy.ndarray, recv: numpy.ndarray, op: str, root: int) -> None:
+def run(comm: Any, send: numpy.ndarray, recv: numpy.ndarray, op: str, root: int) -> None:
     comm.sendrecv(send, (comm.rank + 1) % comm.size, recv, (comm.rank - 1) % comm.size)
 
 
-def expected(data, rank: int, ranks: int, op: str, root: int) -> numpy.ndarray:
+def expected(data: Data, rank: int, ranks: int, op: str, root: int) -> numpy.ndarray:
     return data((rank - 1) % ranks)
 
 

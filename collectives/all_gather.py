@@ -20,14 +20,9 @@ from transports.base import Transport
 from .ring import all_gather_pass
 
 
-def ring_all_gather(transport: Transport, work: Any,
-                    bounds: list[tuple[int, int]] | None = None) -> None:
+def ring_all_gather(transport: Transport, work: Any, bounds: list[tuple[int, int]]) -> None:
     """`work` is the flat output, block `rank` already filled; fill the rest. Block r is at
-    bounds[r], by default N equal blocks."""
-    size = transport.size
-    if bounds is None:
-        block = work.size // size
-        bounds = [(r * block, (r + 1) * block) for r in range(size)]
+    bounds[r]."""
     all_gather_pass(transport, work, bounds, first=0)
 
 

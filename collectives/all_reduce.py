@@ -129,7 +129,7 @@ def auto_algorithm(transport: Transport, count: int, itemsize: int) -> str:
     "ring". The same on every rank: nothing here differs between ranks (not tracing)."""
     if count * itemsize <= transport.one_shot_bytes or transport.one_shot_at_any_size:
         return "one_shot"
-    if getattr(transport, "across", None) is not None:
+    if transport.across is not None:
         return "hierarchical"
     if two_shot_pays(transport,
                      [(hi - lo) * itemsize for lo, hi in chunk_bounds(count, transport.size)]):

@@ -209,7 +209,7 @@ def pair_agree(transport: Transport, said: dict[int, tuple[int, ...]], dst: int 
     Uncounted and untraced: stats and traces show only the messages' data. A transport with
     lines of its own for the pair (`pair_inputs`, slots.py) takes them, in one publish and
     one wait; the others, its exchange."""
-    exchange = getattr(transport, "pair_inputs", None)
+    exchange = transport.pair_inputs
     heard = exchange(said) if exchange is not None else _pair_exchange(transport, said, dst, src)
     for peer, words in heard.items():
         if words != mirrored(said[peer]):

@@ -91,8 +91,8 @@ class Communicator:
         self._messages = Messages(transport.rank, transport.size)  # point to point, numbered
         self._progress = Progress(f"ringcc-progress-rank-{transport.rank}",
                                   current_device(transport.xp), on_callers_stream(transport.xp))
-        # All-reduces up to this size may take the small-call lane (small.py), which keeps
-        # what it knows of each kind of call it has seen.
+        # Calls up to this size may take the small-call lanes (small.py), which keep what
+        # they know of each kind of call they have seen.
         self._small_bytes = transport.one_shot_bytes \
             if transport.xp is numpy and transport.size > 1 else 0
         self._small_calls: dict[tuple, tuple[Any, tuple, Any]] = {}
@@ -720,14 +720,13 @@ class Communicator:
         return self._sendrecv(sendbuf, dst, recvbuf, src, async_op=async_op)
 
     @collective
-    def _sendrecv(self, sendbuf: Any, dst: int, recvbuf: Any | None = None,
-                  src: int | None = None) -> Any:
+    def _sendrecv(self, sendbuf: Any, dst: int, recvbuf: Any | None, src: int) -> Any:
         """`sendrecv` by the general path."""
         xp = self._transport.xp
         check_buffers(xp, self.transport, sendbuf, recvbuf)
         if recvbuf is None:
             recvbuf = xp.empty(sendbuf.shape, sendbuf.dtype)
-        return self._pair(sendbuf, dst, recvbuf, dst if src is None else src)
+        return self._pair(sendbuf, dst, recvbuf, src)
 
     def wait_all(self) -> None:
         """Wait until every call made so far has run; the progress thread then ends, until the

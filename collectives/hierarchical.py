@@ -48,7 +48,7 @@ def hierarchical_all_reduce(transport: Transport, work: Any, op: ReduceOp,
     """All-reduce into the flat contiguous array `work` on every rank of a transport with
     `node` and `across` parts (transports/hierarchical.py); the input is `mine` when given,
     else `work` (in place)."""
-    node, across = getattr(transport, "node", None), getattr(transport, "across", None)
+    node, across = transport.node, transport.across
     if node is None or across is None:
         raise InvalidArgumentError(f"the hierarchical all-reduce needs the hierarchical "
                                    f"transport, which knows the nodes; this is {transport.name}")

@@ -65,7 +65,7 @@ def two_shot_reduce_scatter(transport: Transport, mine: Any, out: Any, op: Reduc
                             average: bool, bounds: list[tuple[int, int]]) -> None:
     """Reduce-scatter the flat array `mine` (block r at bounds[r]) into this rank's flat block
     `out` (apart from `mine`) by the two-shot all-reduce's first pass (`reduce_own_chunk`);
-    more than one rank, and the transport can keep N-1 blocks under way (`two_shot_pays`)."""
+    more than one rank, and the transport can keep N-1 blocks under way (`two_shot_fits`)."""
     reduce_own_chunk(transport, mine, out, bounds, op)
     if average:
         transport.xp.true_divide(out, transport.size, out=out)

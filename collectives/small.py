@@ -48,6 +48,7 @@ from transports.errors import CallsDiffer, MismatchError
 from .all_reduce import reduce_in_rank_order
 from .arguments import NUMERIC, output
 from .arrays import overlap
+from .blocks import equal
 from .check import MessagesDiffer
 from .scan import finish, prefix
 from .scatter import (LENGTH, blank, describe, description_bytes, inline_bytes,
@@ -261,8 +262,7 @@ def small_scatter(comm: Any, sendbuf: Any | None, recvbuf: Any | None, root: int
         if inline:
             result[...] = mine[root]
         else:
-            count = math.prod(block)
-            bounds = [(r * count, (r + 1) * count) for r in range(size)]
+            bounds = equal(math.prod(block), size)
             _messages(comm, lambda: send_blocks(transport, mine.reshape(-1), bounds, root,
                                                 result))
         return result

@@ -125,8 +125,9 @@ class Transport(ABC):
 
     name: str = "?"
     default_segment_bytes: int = DEFAULT_SEGMENT_BYTES  # unless segment_bytes= or $RINGCC_...
-    # All-reduces of at most this many bytes take the one-shot path (see all_reduce.py); a
-    # transport whose measured crossover is above zero says so here.
+    # Calls of at most this many bytes take one exchange (the one-shot all-reduce, and every
+    # collective's small path but scatter's; `Communicator._one_shot`); a transport whose
+    # measured crossover is above zero says so here.
     default_one_shot_bytes: int = 0
     # True where one exchange beats the ring at every size, so that larger all-reduces take
     # one-shot too, `one_shot_bytes` at a time (cuda_ipc on one shared GPU says why).
@@ -135,6 +136,12 @@ class Transport(ABC):
     # (slots.py, "Folded checks"), so that all raise and go on. Elsewhere only its peer in
     # the message hears it, and on more than 2 ranks the others still wait for it.
     answers_messages_met: bool = False
+    # A message's check in lines of the transport's own (`check.pair_agree`): a method
+    # `pair_inputs(said) -> heard` where it has one (slots.py, mpi.py), else None.
+    pair_inputs: Callable[[dict[int, tuple[int, ...]]], dict[int, tuple[int, ...]]] | None = None
+    # The hierarchical transport's parts: the ranks of this node, and one rank per node.
+    node: Transport | None = None
+    across: Transport | None = None
 
     def __init__(self, rank: int, size: int, *, segment_bytes: int | None = None,
                  one_shot_bytes: int | None = None, timeout: float | None = None,

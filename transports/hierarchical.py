@@ -82,8 +82,7 @@ class HierarchicalTransport(Transport):
         across.off_node = frozenset(range(across.size)) - {across.rank}
         # A message's check goes the world's way too, where it has one of its own
         # (check.pair_agree; the mpi transport's has room for a collective's packet).
-        if hasattr(world, "pair_inputs"):
-            self.pair_inputs = world.pair_inputs
+        self.pair_inputs = world.pair_inputs
 
     @classmethod
     def over(cls, comm: Any = None, *, local: Callable[..., Transport],

@@ -121,7 +121,7 @@ class MPITransport(Transport):
             # one arrives. (A segment holds at least one element; no dtype is wider than 64 B.)
             nbytes = max(self.segment_bytes, 64)
             self._scratch = [self.xp.empty(nbytes, numpy.uint8) for _ in range(2)]
-            # The one-shot exchange's persistent requests and buffers (`_incoming`, `_outgoing`).
+            # The one-shot exchange's persistent requests and buffers (`_Landing`, `_Shot`).
             self._peers = [r for r in range(self.size) if r != self.rank]
             self._landing: _Landing | None = None
             self._sending: dict[int, _Shot] = {}  # by packet size

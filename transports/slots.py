@@ -25,7 +25,8 @@ Each rank's host region holds
 and its data memory, in the host region too or on the device, holds
 
     slots     SLOTS buffers of `segment_bytes`: outgoing messages, one segment at a time
-    one-shot  two areas of `one_shot_bytes`, used by turns: the input of a small all-reduce
+    one-shot  two areas of `one_shot_bytes` (a page at least), used by turns: every rank's
+              input to one exchange (a small call, a call check: `_all_inputs`)
 
 To send, a rank cuts the message into segments; for each it waits for a free slot, copies the
 segment in, and writes the slot's line last. To receive segment `seq` from `src`, a rank waits
@@ -76,12 +77,12 @@ as MPI_Win_allocate_shared does. A message sent from there takes one slot line n
 region and the offset, and the receiver copies, or reduces, straight out of the sender's
 memory: no copy at all besides the one the collective is for.
 
-A small all-reduce instead publishes its whole input in a one-shot area (`_all_inputs`), with
-its call descriptor beside it, and every rank reads every other's: one publish and one wait
-both check the call and move its data. Memory per rank, whatever the message:
-SLOTS * segment_bytes + 2 * one_shot_bytes + the control lines (a page up to 11 ranks). A wait
-spins briefly, then yields the CPU (`Transport.wait`), and stops with PeerFailedError if the
-peer's process has died rather than wait out the timeout.
+A call of one exchange (a small all-reduce, a call check) instead publishes its whole input in
+a one-shot area (`_all_inputs`), with its call descriptor beside it, and every rank reads every
+other's: one publish and one wait both check the call and move its data. Memory per rank,
+whatever the message: SLOTS * segment_bytes + 2 * one_shot_bytes + the control lines (a page up
+to 11 ranks). A wait spins briefly, then yields the CPU (`Transport.wait`), and stops with
+PeerFailedError if the peer's process has died rather than wait out the timeout.
 
 Folded checks. A call whose check is handed over (`check_first`) makes it in its first
 exchange: the rank first publishes what fits in its free slots, then checks (every rank's call
@@ -395,8 +396,8 @@ class SlotTransport(Transport):
             raise CollectiveError(
                 f"{SHM_DIR} has {free / 2**20:.1f} MiB free, but the {self.name} transport needs "
                 f"{need / 2**20:.1f} MiB ({self.size} ranks x {nbytes / 2**20:.1f} MiB: "
-                f"{SLOTS} slots of segment_bytes={self.slot_bytes} plus 2 x one_shot_bytes="
-                f"{self._area_bytes}); pass a smaller segment_bytes, enlarge {SHM_DIR} "
+                f"{SLOTS} slots of segment_bytes={self.slot_bytes} plus 2 one-shot areas of "
+                f"{self._area_bytes} B); pass a smaller segment_bytes, enlarge {SHM_DIR} "
                 f"(docker run --shm-size=...), or use transport='mpi'")
 
     # ---- the protocol -----------------------------------------------------------------------
@@ -929,7 +930,7 @@ class SlotTransport(Transport):
                     self._compare_lines(line, theirs)  # raises
             return inputs
 
-        self._exchanges[(shape, numpy.dtype(dtype))] = exchange
+        self._exchanges[(shape, dtype)] = exchange
         return exchange
 
     def _answer_messages(self, line: bytes, theirs: list[Any]) -> None:
