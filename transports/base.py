@@ -192,6 +192,10 @@ class Transport(ABC):
         """What the caller is doing, for error messages ("all_reduce #3")."""
         return f"{self._what} #{self._number}" if self._number else self._what
 
+    def during(self) -> str:
+        """" during all_reduce #3", or nothing outside a call: the end of an error message."""
+        return f" during {self.where}" if self.where else ""
+
     def begin(self, where: str, call: tuple[int, ...] | None = None, phase: str = "") -> None:
         """A new call starts: `where` names it ("all_reduce #3") until the next one, and its
         algorithm is at `phase` (see `at`).
@@ -529,7 +533,7 @@ class Transport(ABC):
         raise MismatchError(f"rank {self.named(self.rank)} exchanges {nbytes} bytes but rank "
                             f"{self.named(r)} "
                             f"{other[CALL_WORDS]}"
-                            + (f" during {self.where}" if self.where else ""))
+                            + self.during())
 
     def _exchange(self, buf: Any) -> list[Any]:
         """Every rank's `buf` (any shape) by direct copies of it flat: in step s, send to
@@ -573,7 +577,7 @@ class Transport(ABC):
                     f"rank {self.named(self.rank)} waited {self.timeout:g} s for {what}"
                     + (f" from rank{'s' if len(waited) > 1 else ''} "
                        f"{', '.join(str(self.named(w)) for w in waited)}" if waited else "")
-                    + (f" during {self.where}" if self.where else "")
+                    + self.during()
                     + (f" ({self.phase} step {self.step})" if self.phase else "")
                     + f" on the {self.name} transport")
 

@@ -143,7 +143,7 @@ class MPITransport(Transport):
             raise CollectiveError(
                 f"rank {self.named(self.rank)}: MPI reported an error while this rank waited "
                 f"for {what}" + (f" from rank {self.named(peer)}" if peer is not None else "")
-                + (f" during {self.where}" if self.where else "")
+                + self.during()
                 + " (with the check off, a message longer than its receive buffer; or one of "
                   "a peer that gave up on a call)") from error
 

@@ -582,7 +582,7 @@ class SlotTransport(Transport):
             raise MismatchError(f"rank {self.named(self.rank)} would send {into.size} bytes to "
                                 f"rank {self.named(dst)} "
                                 f"but it expects {nbytes}"
-                                + (f" during {self.where}" if self.where else ""))
+                                + self.during())
         # The message: where it lies in src's memory, or our mapping of its registered memory.
         message = self._registered[region - 1][src][offset:offset + into.size] if region \
             else address
@@ -606,7 +606,7 @@ class SlotTransport(Transport):
         except OSError as error:
             self._check_peer(peer)
             raise CollectiveError(f"rank {self.named(self.rank)} could not {what}"
-                                  + (f" during {self.where}" if self.where else "")) from error
+                                  + self.during()) from error
 
     def _middle(self, nbytes: int) -> bool:
         """Whether a message of `nbytes` is middle-sized: more than a segment, less than
@@ -841,7 +841,7 @@ class SlotTransport(Transport):
             raise MismatchError(f"rank {self.named(self.rank)} expected {nbytes} bytes from rank "
                                 f"{self.named(src)} but "
                                 f"it sent {sent}"
-                                + (f" during {self.where}" if self.where else ""))
+                                + self.during())
 
     def _barrier(self) -> None:
         self._barriers += 1
@@ -1007,7 +1007,7 @@ class SlotTransport(Transport):
             if r != self.rank and not _alive(self._pids[r], thorough):
                 raise PeerFailedError(f"rank {self.named(self.rank)}: rank {self.named(r)} (pid "
                                       f"{self._pids[r]}) has died"
-                                      + (f" during {self.where}" if self.where else ""))
+                                      + self.during())
 
     def close(self) -> None:
         if not self.closed:

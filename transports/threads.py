@@ -58,7 +58,7 @@ class ThreadTransport(Transport):
                 if self.group.failed.is_set():
                     raise PeerFailedError(f"rank {self.named(self.rank)}: another rank failed "
                                           f"while this one waited for rank {self.named(src)}"
-                                          f"{self._during()}")
+                                          f"{self.during()}")
                 try:
                     message = box.get(timeout=0.001)
                     return True
@@ -69,7 +69,7 @@ class ThreadTransport(Transport):
             if message.nbytes != recvbuf.nbytes:
                 raise MismatchError(f"rank {self.named(self.rank)} expected {recvbuf.nbytes} "
                                     f"bytes from rank {self.named(src)} but got "
-                                    f"{message.nbytes}{self._during()}")
+                                    f"{message.nbytes}{self.during()}")
             recvbuf[...] = message.view(recvbuf.dtype)
 
     def _barrier(self) -> None:
@@ -85,5 +85,3 @@ class ThreadTransport(Transport):
                            token, (self.rank - distance) % self.size)
             distance *= 2
 
-    def _during(self) -> str:
-        return f" during {self.where}" if self.where else ""
