@@ -89,8 +89,14 @@ class Communicator:
         self._ufuncs: dict[tuple[str, Any], Any] = {}  # (op, dtype) -> ufunc, see `_resolve`
         self._descriptors: dict[tuple, tuple[int, ...]] = {}  # a call's descriptor but its seq
         self._messages = Messages(transport.rank, transport.size)  # point to point, numbered
-        self._progress = Progress(f"ringcc-progress-rank-{transport.rank}",
-                                  current_device(transport.xp), on_callers_stream(transport.xp))
+        use_device = current_device(transport.xp)
+
+        def prepare_progress() -> None:  # on the progress thread, before its first call
+            transport.check_thread()
+            if use_device is not None:
+                use_device()
+        self._progress = Progress(f"ringcc-progress-rank-{transport.rank}", prepare_progress,
+                                  on_callers_stream(transport.xp))
         # Calls up to this size may take the small-call lanes (small.py), which keep what
         # they know of each kind of call they have seen.
         self._small_bytes = transport.one_shot_bytes \

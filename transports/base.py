@@ -464,6 +464,10 @@ class Transport(ABC):
         if self.size > 1:
             self._barrier()
 
+    def check_thread(self) -> None:
+        """Raise if this transport may not be used from another thread than the one that made
+        it (the communicator's progress thread calls it first). Host memory may be."""
+
     def close(self) -> None:
         """Release what the transport holds; safe to call twice."""
         self.closed = True

@@ -189,6 +189,10 @@ class HierarchicalTransport(Transport):
         all-reduce moves most of its bytes inside the node."""
         return self.node.register(nbytes)
 
+    def check_thread(self) -> None:
+        for part in (self.across, self.node, self.world):
+            part.check_thread()
+
     def close(self) -> None:
         for part in (self.across, self.node, self.world):
             part.close()
