@@ -224,6 +224,17 @@ def test_registered_memory_refused_on_one_shm_rank_is_refused_on_every_rank():
     assert out.count("refused") == 2, out
 
 
+def test_registered_memory_on_mpi_with_the_check_off_and_no_one_shot():
+    """comm.empty agrees on its size in a 0-d array, which the mpi transport's plain exchange
+    (no check to carry, no one-shot packet) could not view as bytes."""
+    code = ("import collectives\n"
+            "comm = collectives.init('mpi', check=False, one_shot_bytes=0, timeout=20)\n"
+            "print('registered', comm.empty((2, 3), 'uint32').shape, flush=True)\n"
+            "comm.close()\n")
+    out = mpiexec(2, "-c", code, timeout=60).stdout
+    assert out.count("registered (2, 3)") == 2, out
+
+
 def test_empty_and_zeros_give_arrays_every_collective_takes():
     def body(comm):
         zeros = comm.zeros((2, 3), "int16")

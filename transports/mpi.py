@@ -34,7 +34,9 @@ KEPT_SIZES = 8  # one-shot packet sizes whose persistent sends are kept
 
 
 def _bytes(buf: Any) -> list:
-    return [buf.view(numpy.uint8), MPI.BYTE]
+    """A contiguous `buf` as MPI's buffer of bytes (a 0-d one as 1-d: NumPy views no 0-d
+    array as bytes)."""
+    return [(buf if buf.ndim else buf.reshape(1)).view(numpy.uint8), MPI.BYTE]
 
 
 def cuda_aware(comm: MPI.Comm) -> bool:
