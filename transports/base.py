@@ -193,7 +193,7 @@ class Transport(ABC):
         return f"{self._what} #{self._number}" if self._number else self._what
 
     def during(self) -> str:
-        """" during all_reduce #3", or nothing outside a call: the end of an error message."""
+        """The end of an error message: ' during all_reduce #3', or nothing outside a call."""
         return f" during {self.where}" if self.where else ""
 
     def begin(self, where: str, call: tuple[int, ...] | None = None, phase: str = "") -> None:
