@@ -229,7 +229,8 @@ def test_registered_memory_on_mpi_with_the_check_off_and_no_one_shot():
     (no check to carry, no one-shot packet) could not view as bytes."""
     code = ("import collectives\n"
             "comm = collectives.init('mpi', check=False, one_shot_bytes=0, timeout=20)\n"
-            "print('registered', comm.empty((2, 3), 'uint32').shape, flush=True)\n"
+            "shape = comm.empty((2, 3), 'uint32').shape\n"
+            "print(f'registered {shape}\\n', end='', flush=True)\n"
             "comm.close()\n")
     out = mpiexec(2, "-c", code, timeout=60).stdout
     assert out.count("registered (2, 3)") == 2, out
