@@ -211,6 +211,13 @@ def pair_agree(transport: Transport, said: dict[int, tuple[int, ...]], dst: int 
     one wait; the others, its exchange."""
     exchange = transport.pair_inputs
     heard = exchange(said) if exchange is not None else _pair_exchange(transport, said, dst, src)
+    judge_pair(transport, said, heard)
+
+
+def judge_pair(transport: Transport, said: dict[int, tuple[int, ...]],
+               heard: dict[int, tuple[int, ...]]) -> None:
+    """Nothing where each peer said of the messages what this rank `said` (mirrored), else
+    MessagesDiffer naming what differs (see `pair_agree`)."""
     for peer, words in heard.items():
         if words != mirrored(said[peer]):
             break

@@ -12,8 +12,8 @@ message). Each transport overrides the raw moves `_sendrecv` and `_barrier`, and
 a shorter way, the defaults written here in the plain way: `_sendrecv_reduce` (receive into
 bounded scratch, then reduce), `_all_inputs` (the call's descriptor, then copies with every
 peer, in `_exchange`), `_isend` and `sends_ahead`, `message`, `reduce_forward`, and the
-hooks `_send_reduced`, `check_first` and `checked`, `register`, `pair_inputs` (all in
-docs/architecture.md, "Adding a transport").
+hooks `_send_reduced`, `check_first` and `checked`, `register`, `pair_inputs`,
+`pair_message`, `check_thread` (all in docs/architecture.md, "Adding a transport").
 """
 
 from __future__ import annotations
@@ -139,6 +139,9 @@ class Transport(ABC):
     # A message's check in lines of the transport's own (`check.pair_agree`): a method
     # `pair_inputs(said) -> heard` where it has one (slots.py, mpi.py), else None.
     pair_inputs: Callable[[dict[int, tuple[int, ...]]], dict[int, tuple[int, ...]]] | None = None
+    # A sendrecv with one peer, with its pair check, in one method where the transport has a
+    # shortest way for it (slots.py's `pair_message`), else None.
+    pair_message: Callable[..., bool | tuple[int, ...]] | None = None
     # The hierarchical transport's parts: the ranks of this node, and one rank per node.
     node: Transport | None = None
     across: Transport | None = None

@@ -566,10 +566,7 @@ class SlotTransport(Transport):
                          divide: int) -> None:
         """accbuf = op(inbuf, src's announced message) / divide, a piece at a time,
         each piece written on into the buffer that `dst` posted as soon as it is reduced."""
-        j = self._find(src)
-        while j is None:
-            self.wait(lambda: self._find(src) is not None, src, "a segment")
-            j = self._find(src)
+        j = self._wait_find(src)
         into = accbuf.view(numpy.uint8)
         self._check_size(src, j, into.size)
         address, region, offset = self._ctl[src][self._slot_words[j] + 2:self._slot_words[j] + 5]
@@ -627,6 +624,33 @@ class SlotTransport(Transport):
         self._one_segment(sendbuf, dst, recvbuf, src)
         self._count("copy", sendbuf, dst, recvbuf, src)  # untraced: it only counts
 
+    def pair_message(self, mine: Any, peer: int, into: Any, said: tuple[int, ...] | None,
+                     expected: tuple[int, ...] | None) -> bool | tuple[int, ...]:
+        """A sendrecv with one `peer` of at most a segment each way, untraced: `message`'s
+        steps for this, the commonest message, written out in one place (its Python is most
+        of its time). `said`: this rank's six words of the pair's check (None: unchecked),
+        `expected` the peer's if it agrees. True once moved and counted; False, having done
+        nothing, for a message `message` must take; or the peer's words where they differ
+        from `expected`, having withdrawn what was published and taken nothing."""
+        if self.trace is not None or self.on_transfer is not None or self._registered \
+                or not 0 < mine.nbytes <= self._one_segment_bytes \
+                or not 0 < into.nbytes <= self._one_segment_bytes:
+            return False
+        if not self._slot_free():
+            self.wait(self._slot_free, self._slot_holder(), "a free slot")
+        self._publish(mine.view(numpy.uint8), peer, mine.nbytes)
+        if said is not None:  # `pair_inputs` for one peer
+            heard = self._hear(peer, said, self._say(peer, said))
+            if heard != expected:
+                self._withdraw(peer, 1)
+                return heard
+        j = self._wait_find(peer)
+        self._check_size(peer, j, into.nbytes)
+        self.memory.copy(into.view(numpy.uint8), self._slots[peer][j][:into.nbytes])
+        self._consumed(peer)
+        self._count("copy", mine, peer, into, peer)  # untraced: it only counts
+        return True
+
     def _one_segment(self, sendbuf: Any | None, dst: int | None, recvbuf: Any | None,
                      src: int | None) -> None:
         """`_stream` of a copy of at most one segment each way, as a small message is: the
@@ -640,10 +664,7 @@ class SlotTransport(Transport):
             self._check_first(dst, sendbuf is not None)
         if recvbuf is None:
             return
-        j = self._find(src)
-        while j is None:
-            self.wait(lambda: self._find(src) is not None, src, "a segment")
-            j = self._find(src)
+        j = self._wait_find(src)
         self._check_size(src, j, recvbuf.nbytes)
         self.memory.copy(recvbuf.view(numpy.uint8), self._slots[src][j][:recvbuf.nbytes])
         self._consumed(src)
@@ -690,31 +711,40 @@ class SlotTransport(Transport):
             check()
             self.at(phase, step)  # the check names its own phase; the algorithm's goes on
         except MismatchError:
-            for _ in range(published):
-                j = (self._next_slot - 1) % SLOTS
-                self._own[self._slot_words[j]] = 0
-                self._occupant[j], self._next_slot = None, j
-                self._sent[dst] -= 1
+            self._withdraw(dst, published)
             raise
+
+    def _withdraw(self, dst: int | None, published: int) -> None:
+        """Take back the last `published` pieces sent to `dst`, untaken (a check that failed)."""
+        for _ in range(published):
+            j = (self._next_slot - 1) % SLOTS
+            self._own[self._slot_words[j]] = 0
+            self._occupant[j], self._next_slot = None, j
+            self._sent[dst] -= 1
 
     def pair_inputs(self, said: dict[int, tuple[int, ...]]) -> dict[int, tuple[int, ...]]:
         """Give each peer its six integers, `said[peer]`, and take its six for this rank: one
         publish and one wait per peer, in the pair lines (see "Folded checks")."""
-        for peer, words in said.items():
-            self._pairs[peer] += 1
-            line = self._pair_words(peer, self._pairs[peer])
-            PAIR_WORDS.pack_into(self._ctl_bytes[self.rank], (line + 1) * 8, *words)
-            self._own[line] = self._pairs[peer]  # last: the words are now visible
-        heard = {}
-        for peer, words in said.items():
-            line = self._pair_words(self.rank, self._pairs[peer])
-            ctl, turn = self._ctl[peer], self._pairs[peer]
-            if ctl[line] != turn:  # (a peer in a collective call is answered meanwhile)
-                answered: list[int] = []
-                self.wait(lambda: self._answer_collective(peer, words, line, turn, answered),
-                          peer, "a message")
-            heard[peer] = PAIR_WORDS.unpack_from(self._ctl_bytes[peer], (line + 1) * 8)
-        return heard
+        turns = {peer: self._say(peer, words) for peer, words in said.items()}
+        return {peer: self._hear(peer, words, turns[peer]) for peer, words in said.items()}
+
+    def _say(self, peer: int, words: tuple[int, ...]) -> int:
+        """Write `words` in our pair line to `peer`, for our next check with it: its turn."""
+        self._pairs[peer] = turn = self._pairs[peer] + 1
+        line = self._pair_words(peer, turn)
+        PAIR_WORDS.pack_into(self._ctl_bytes[self.rank], (line + 1) * 8, *words)
+        self._own[line] = turn  # last: the words are now visible
+        return turn
+
+    def _hear(self, peer: int, words: tuple[int, ...], turn: int) -> tuple[int, ...]:
+        """`peer`'s words of check `turn`, once it has written them; a peer in a collective
+        call meanwhile is answered with ours, `words` (`_answer_collective`)."""
+        line = self._pair_words(self.rank, turn)
+        if self._ctl[peer][line] != turn:
+            answered: list[int] = []
+            self.wait(lambda: self._answer_collective(peer, words, line, turn, answered), peer,
+                      "a message")
+        return PAIR_WORDS.unpack_from(self._ctl_bytes[peer], (line + 1) * 8)
 
     def _pair_words(self, to: int, turn: int) -> int:
         """The first word, in a rank's control lines, of its pair line to rank `to` for their
@@ -834,6 +864,14 @@ class SlotTransport(Transport):
                 return j
             j = (j + 1) % SLOTS
         return None
+
+    def _wait_find(self, src: int) -> int:
+        """The slot of `src` that holds our next segment from it, once one does."""
+        j = self._find(src)
+        while j is None:
+            self.wait(lambda: self._find(src) is not None, src, "a segment")
+            j = self._find(src)
+        return j
 
     def _check_size(self, src: int, j: int, nbytes: int) -> None:
         sent = self._ctl[src][self._slot_words[j] + 1]
