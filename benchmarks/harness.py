@@ -44,7 +44,7 @@ import sys
 import numpy
 
 from .measure import measure_size, warm_up
-from .options import Collective, buffer_bytes, cases, counts, parse_args
+from .options import Collective, buffer_bytes, cases, counts, parse_args, unwritable
 from .peers import open_impls, register
 from .report import format_row, header, summary, versions, write_csv, write_json
 
@@ -58,6 +58,10 @@ def main(collective: Collective, argv: list[str] | None = None) -> int:
     args = parse_args(collective, argv, quiet=world.Get_rank() != 0)
     rank, ranks = world.Get_rank(), world.Get_size()
     say = print if rank == 0 else (lambda *_, **__: None)
+    problem = world.bcast(unwritable(args) if rank == 0 else None, root=0)  # (rank 0 writes)
+    if problem:
+        say(f"benchmarks: {problem}", file=sys.stderr)
+        return 2
     if collective.rooted and not 0 <= args.root < ranks:
         say(f"benchmarks: root {args.root} is not a rank in [0, {ranks})", file=sys.stderr)
         return 2

@@ -177,10 +177,6 @@ def parse_args(collective: Collective, argv: list[str] | None = None,
     if args.iters < 1 or args.warmup_iters < 0 or not 0 <= args.warmup_ms < math.inf:
         parser.error("-n must be at least 1, -w at least 0, and --warmup-ms a number of "
                      "milliseconds, at least 0")
-    for option, path in (("--json", args.json), ("--csv", args.csv)):
-        folder = os.path.dirname(os.path.abspath(path)) if path else None
-        if folder and not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
-            parser.error(f"{option} {path}: {folder} is not a folder this user can write in")
     args.device = args.device or ("cuda" if "cuda_ipc" in args.transport else "cpu")
     if "memory" in args.compare and args.device != "cpu":
         parser.error("--compare memory times host memory: with --device cuda, "
@@ -190,6 +186,16 @@ def parse_args(collective: Collective, argv: list[str] | None = None,
     except ValueError as error:
         parser.error(str(error))
     return args
+
+
+def unwritable(args: argparse.Namespace) -> str | None:
+    """What is wrong with where --json and --csv go, if anything: asked at the start, on the
+    rank that writes them, so that a run does not end by losing its results."""
+    for option, path in (("--json", args.json), ("--csv", args.csv)):
+        folder = os.path.dirname(os.path.abspath(path)) if path else None
+        if folder and not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
+            return f"{option} {path}: {folder} is not a folder this user can write in"
+    return None
 
 
 def cases(collective: Collective,

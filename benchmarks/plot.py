@@ -39,7 +39,7 @@ def load_rows(paths: list[str]) -> tuple[list[dict], list[dict]]:
     for path in paths:
         with open(path) as source:
             result = json.load(source)
-        rows += result["rows"]
+        rows += [{"registered": False, **row} for row in result["rows"]]
         metas.append(result["meta"])
     return rows, metas
 

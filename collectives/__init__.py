@@ -83,8 +83,9 @@ def init(transport: str = "auto", comm: Any = None, *, device: str | None = None
         arrays where the ranks are: shm for "cpu" and cuda_ipc for "cuda" on one node,
         hierarchical on several nodes with as many ranks, more than one, on each, else mpi
         (see transports/registry.py).
-    device: the arrays the communicator moves: "cpu" NumPy arrays, "cuda" CuPy arrays, with
-        GPU r mod (GPUs) made current for the r-th rank of a node (the mpi transport stages
+    device: the arrays the communicator moves: "cpu" NumPy arrays, "cuda" CuPy arrays, on
+        the process's GPU: (its rank on its node in the first communicator on a GPU) mod
+        (GPUs), kept for every later communicator (the mpi transport stages
         them through pinned host memory unless the MPI library takes device memory). Default:
         "cuda" for transport "cuda_ipc", else "cpu". "auto" never picks the device itself: a
         communicator moves one kind of array, fixed here, before it sees any.

@@ -65,8 +65,9 @@ def _stop_progress() -> None:
     # A thread still alive when the interpreter finalizes is torn down inside torch's C++ and
     # aborts the process ("terminate called without an active exception"): end them first.
     for comm in list(_served):
-        if comm._broken is None:  # (a broken one's queued calls may never be joined)
-            comm.wait_all()
+        if comm._broken is not None:  # its calls may never be joined: their waits stop
+            comm._transport.abandon("the process is ending")
+        comm.wait_all()
 
 
 def run(comm: Communicator, call: Callable[[], Any]) -> torch.futures.Future:
@@ -91,14 +92,24 @@ class FutureWork(dist.Work):
     from a future returns from `wait` whatever the future holds, so a failed call would look
     done.)"""
 
-    def __init__(self, future: torch.futures.Future) -> None:
+    def __init__(self, future: torch.futures.Future, comm: Communicator) -> None:
         super().__init__()
         self._future = future
+        self._comm = comm
+
+    def _refuse_on_progress_thread(self) -> None:
+        """A callback (`then`) runs on the progress thread: waiting there for a call queued
+        behind it would wait for ever (as `Work.wait` refuses)."""
+        if not self._future.done() and self._comm._progress.on_thread():
+            raise InvalidArgumentError("a call waited for on the progress thread (from a "
+                                       "callback) that is queued behind the one running there: "
+                                       "wait for it after that call has returned")
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         """Wait for the call, and raise what it raised. With a `timeout` (not 0, torch's "no
         timeout"), a CollectiveTimeoutError once it has passed, as Gloo's work raises; the
         call goes on."""
+        self._refuse_on_progress_thread()
         if timeout and not self._future.done():
             finished = threading.Event()
             self._future.add_done_callback(lambda _: finished.set())
@@ -110,6 +121,7 @@ class FutureWork(dist.Work):
 
     def result(self) -> list[torch.Tensor]:
         """The call's output tensors, once it has run (as Gloo's work gives them)."""
+        self._refuse_on_progress_thread()
         return _tensors_in(self._future.wait())
 
     def is_completed(self) -> bool:
@@ -205,9 +217,11 @@ class ProcessGroup(dist.ProcessGroup):
         maker."""
         if self._release is not None:
             release, self._release = self._release, None
-            for comm in self._comms.values():
-                comm.close()
-            release()
+            try:
+                for comm in self._comms.values():
+                    comm.close()
+            finally:
+                release()
 
     def _comm_for(self, tensor: torch.Tensor, call: str) -> Communicator:
         """The communicator that moves `tensor`'s device's arrays; InvalidTypeError naming
@@ -226,7 +240,7 @@ class ProcessGroup(dist.ProcessGroup):
         def done() -> Any:
             call()
             return result
-        return FutureWork(run(comm, done))
+        return FutureWork(run(comm, done), comm)
 
     # ---- the collectives: each checks its arguments here, and moves data in the background
 
@@ -505,7 +519,8 @@ def _create(options: Any, backend_options: Any = None) -> ProcessGroup:
     # CUDA tensors, when they come, over a communicator on the GPU (cuda_ipc on one node).
     return ProcessGroup(comm, make=lambda device: collectives.init(comm=members, device=device,
                                                                    timeout=seconds),
-                        release=members.Free if ranks else lambda: None)
+                        release=lambda: members.Free() if ranks and not MPI.Is_finalized()
+                        else None)
 
 
 def init_process_group(**options: Any) -> None:

@@ -63,8 +63,8 @@ class Work:
         if self._done:
             return
         if threading.current_thread() is self._runner:
-            # From a submitted function (or a torch callback): the thread would wait for
-            # a call queued behind the one it runs, that is, for itself, for ever.
+            # From a submitted function: the thread would wait for a call queued behind
+            # the one it runs, that is, for itself, for ever.
             raise InvalidArgumentError(f"{self.what} is queued behind the call that waits for "
                                        f"it, on the same progress thread: wait for it after "
                                        f"that call has returned")

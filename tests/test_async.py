@@ -349,19 +349,22 @@ def test_a_progress_thread_that_could_not_start_gives_each_call_its_own_error():
         assert error.__notes__ == [f"raised by call {n}"], error.__notes__
 
 
-def test_async_calls_on_mpi_initialised_without_threads_are_refused_with_the_reason(tmp_path):
-    """The progress thread makes MPI calls: under MPI_THREAD_SINGLE, every async call raises
-    why (it ran, against the MPI standard), and blocking calls go on."""
+@pytest.mark.parametrize("level", ["single", "serialized"])
+def test_async_calls_on_mpi_initialised_without_threads_are_refused_with_the_reason(tmp_path,
+                                                                                     level):
+    """The progress thread makes MPI calls while the caller's thread may make its own: below
+    MPI_THREAD_MULTIPLE every async call raises why (it ran, against the MPI standard), and
+    blocking calls go on."""
     script = tmp_path / "single.py"
     script.write_text(
         "import mpi4py\n"
-        "mpi4py.rc.thread_level = 'single'\n"
+        f"mpi4py.rc.thread_level = '{level}'\n"
         "import numpy\n"
         "import collectives\n"
         "with collectives.init('mpi', timeout=30) as comm:\n"
         "    error = comm.all_reduce(numpy.ones(2), async_op=True).exception()\n"
         "    assert isinstance(error, collectives.CollectiveError), error\n"
-        "    assert 'at MPI_THREAD_SINGLE' in str(error), error\n"
+        f"    assert 'at MPI_THREAD_{level.upper()}' in str(error), error\n"
         "    assert comm.all_reduce(numpy.ones(2)).tolist() == [comm.size] * 2\n"
         "print('refused', flush=True)\n")
     job = mpiexec(2, str(script), timeout=60)

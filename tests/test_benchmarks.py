@@ -80,9 +80,7 @@ def test_options_in_nccl_tests_spelling():
                                   ["--compare", "memory", "--device", "cuda"],
                                   ["--transport", "cuda_ipc", "--compare", "mpi,memory"],
                                   ["--warmup-ms", "nan"], ["--warmup-ms", "inf"],
-                                  ["--compare", "mpi,memory,mpi"], ["--transport", "shm,shm"],
-                                  ["--json", "/no/such/folder/r.json"],
-                                  ["--csv", "/no/such/folder/r.csv"]])
+                                  ["--compare", "mpi,memory,mpi"], ["--transport", "shm,shm"]])
 def test_bad_options_are_refused(argv, capsys):
     with pytest.raises(SystemExit):
         options.parse_args(ALL_REDUCE, argv)
@@ -90,6 +88,15 @@ def test_bad_options_are_refused(argv, capsys):
     with pytest.raises(SystemExit):  # every rank parses; only the first says so
         options.parse_args(ALL_REDUCE, argv, quiet=True)
     assert capsys.readouterr() == ("", "")
+
+
+def test_results_that_could_not_be_written_are_refused_at_the_start(tmp_path):
+    for option in ("--json", "--csv"):
+        args = options.parse_args(ALL_REDUCE, [option, "/no/such/folder/r.out"])
+        assert options.unwritable(args) == (f"{option} /no/such/folder/r.out: /no/such/folder "
+                                            f"is not a folder this user can write in")
+        args = options.parse_args(ALL_REDUCE, [option, str(tmp_path / "r.out")])
+        assert options.unwritable(args) is None
 
 
 def test_all_ops_and_dtypes_leave_out_averages_of_integers():

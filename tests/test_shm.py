@@ -713,6 +713,22 @@ def scenario_ends_well(name: str, ranks: int, said: str) -> None:
     assert_gone(regions_of(job.stdout))
 
 
+def test_a_peers_region_is_read_only_for_good():
+    """A peer's region is mapped read-only: no view of it can be made writeable (a write
+    would end the process with SIGSEGV), and the owner's writes show through."""
+    from transports import shared_memory
+
+    path, mine = shared_memory.create_region(4096)
+    try:
+        theirs = shared_memory.attach_region(path, 4096)
+    finally:
+        os.unlink(path)
+    mine[:3] = 7
+    assert theirs[:3].tolist() == [7, 7, 7] and not theirs.flags.writeable
+    with pytest.raises(ValueError):
+        theirs[1:].flags.writeable = True
+
+
 def test_a_peer_that_died_and_is_not_yet_reaped_counts_as_dead_in_a_long_wait():
     """A process that died, and whose parent has not reaped it (a zombie: a launcher that
     does not clean up), still takes signals: the wait for it ran to its timeout instead of

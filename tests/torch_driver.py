@@ -51,6 +51,15 @@ def calls_scenario(gloo: dist.ProcessGroup) -> None:
     work.wait()
     same(ours, sum(values(r, 1000) for r in range(size)), "all_reduce, async_op=True")
     assert [t.data_ptr() for t in work.result()] == [ours.data_ptr()], "result(): its tensors"
+    refused = []
+
+    def waits_for_a_later_call(_: torch.futures.Future) -> None:  # on the progress thread
+        try:
+            dist.all_reduce(torch.ones(2), async_op=True).wait()
+        except collectives.InvalidArgumentError as error:
+            refused.append(str(error))
+    dist.all_reduce(torch.ones(2), async_op=True).get_future().then(waits_for_a_later_call).wait()
+    assert refused and "queued behind the one running there" in refused[0], refused
     if size > 1:  # a wait with a timeout: rank 1 joins only once rank 0's wait has given up
         token = torch.zeros(1)
         if rank == 1:

@@ -29,7 +29,8 @@ from typing import Any, Callable
 
 import numpy
 
-from .errors import CallsDiffer, CollectiveTimeoutError, InvalidArgumentError, MismatchError
+from .errors import (CallsDiffer, CollectiveError, CollectiveTimeoutError, InvalidArgumentError,
+                     MismatchError)
 
 # A reduction is a binary ufunc of the array module: op(mine, incoming, out=acc).
 ReduceOp = Callable[..., Any]
@@ -179,6 +180,7 @@ class Transport(ABC):
         self.step = 0  # which step of that pass, for traces and error messages
         self._call: tuple[int, ...] | None = None  # the descriptor the next all_inputs carries
         self.closed = False
+        self.abandoned: str | None = None  # why every wait is to stop at once (`abandon`)
         # Where this transport is a part of another (hierarchical.py), the world rank of each
         # of its ranks, for error messages (`named`).
         self.world_ranks: list[int] | None = None
@@ -467,6 +469,11 @@ class Transport(ABC):
         if self.size > 1:
             self._barrier()
 
+    def abandon(self, why: str) -> None:
+        """Make every wait, the one under way too, raise CollectiveError saying `why` (at exit,
+        for a call that its peers will never join)."""
+        self.abandoned = why
+
     def check_thread(self) -> None:
         """Raise if this transport may not be used from another thread than the one that made
         it (the communicator's progress thread calls it first). Host memory may be."""
@@ -577,6 +584,9 @@ class Transport(ABC):
                 time.sleep(50e-6 if polls < 20000 else 1e-3)
             if polls % 50:
                 continue
+            if self.abandoned is not None:
+                raise CollectiveError(f"rank {self.named(self.rank)} stopped waiting for {what}"
+                                      f"{self.during()}: {self.abandoned}")
             self._check_peer(peer)
             if time.monotonic() > deadline:
                 waited = [peer] if peer is not None else late() if late is not None else []

@@ -189,6 +189,11 @@ class HierarchicalTransport(Transport):
         all-reduce moves most of its bytes inside the node."""
         return self.node.register(nbytes)
 
+    def abandon(self, why: str) -> None:
+        for part in (self.across, self.node, self.world):
+            part.abandon(why)
+        super().abandon(why)
+
     def check_thread(self) -> None:
         for part in (self.across, self.node, self.world):
             part.check_thread()

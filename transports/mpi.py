@@ -374,16 +374,17 @@ class MPITransport(Transport):
         self.wait(request.Test, None, "the barrier")
 
     def check_thread(self) -> None:
-        """MPI calls from the progress thread, while the caller's thread may make its own:
-        MPI must have been initialised for threads (mpi4py asks for MPI_THREAD_MULTIPLE
-        unless `mpi4py.rc.thread_level` says otherwise)."""
+        """MPI calls from the progress thread, while the caller's thread, or another
+        communicator's progress thread, may make their own: MPI must have been initialised at
+        MPI_THREAD_MULTIPLE (what mpi4py asks for unless `mpi4py.rc.thread_level` says
+        otherwise)."""
         level = MPI.Query_thread()
-        if level < MPI.THREAD_SERIALIZED:
+        if level < MPI.THREAD_MULTIPLE:
             names = {MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE", MPI.THREAD_FUNNELED:
-                     "MPI_THREAD_FUNNELED"}
+                     "MPI_THREAD_FUNNELED", MPI.THREAD_SERIALIZED: "MPI_THREAD_SERIALIZED"}
             raise CollectiveError(f"calls on the progress thread (async_op=True, the torch "
-                                  f"backend) need MPI initialised at MPI_THREAD_MULTIPLE (or "
-                                  f"SERIALIZED), but it is at {names.get(level, level)}: leave "
+                                  f"backend) need MPI initialised at MPI_THREAD_MULTIPLE, but "
+                                  f"it is at {names.get(level, level)}: leave "
                                   f"mpi4py.rc.thread_level at 'multiple', its default")
 
     def close(self) -> None:

@@ -69,9 +69,10 @@ def map_shared(fd: int, nbytes: int, writable: bool) -> numpy.ndarray:
     memory = (ctypes.c_uint8 * nbytes).from_address(address)
     unmap = weakref.finalize(memory, _libc.munmap, address, nbytes)  # when the last view goes
     unmap.atexit = False  # at exit the process's end unmaps it, after every exit hook has run
-    array = numpy.frombuffer(memory, numpy.uint8)  # holds `memory`, as every view of it does
-    array.flags.writeable = writable
-    return array
+    # The array holds `memory`, as every view of it does; a peer's region is read-only to
+    # the buffer too, so that no view of it can be made writeable (a write would be SIGSEGV).
+    buffer = memoryview(memory) if writable else memoryview(memory).toreadonly()
+    return numpy.frombuffer(buffer, numpy.uint8)
 
 
 def read_peer(pid: int, address: int, into: numpy.ndarray) -> None:

@@ -601,7 +601,7 @@ class SlotTransport(Transport):
         try:
             move(self._pids[peer], address, data)
         except OSError as error:
-            self._check_peer(peer)
+            self._check_peer(peer, thorough=True)
             raise CollectiveError(f"rank {self.named(self.rank)} could not {what}"
                                   + self.during()) from error
 
@@ -1036,11 +1036,13 @@ class SlotTransport(Transport):
                 return region, start - lo
         return None
 
-    def _check_peer(self, peer: int | None) -> None:
+    def _check_peer(self, peer: int | None, thorough: bool = False) -> None:
         if self._pids is None:
             return
         self._checks += 1
-        thorough = self._checks % 64 == 0  # (a file to read: now and then, in a long wait)
+        # A zombie's state is a file to read: now and then in a long wait, and where a move
+        # from the peer's memory failed.
+        thorough = thorough or self._checks % 64 == 0
         for r in range(self.size) if peer is None else (peer,):
             if r != self.rank and not _alive(self._pids[r], thorough):
                 raise PeerFailedError(f"rank {self.named(self.rank)}: rank {self.named(r)} (pid "
