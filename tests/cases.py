@@ -9,6 +9,7 @@ tolerance for floats (the ring adds in another order than NumPy does).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import random
 import time
@@ -263,6 +264,26 @@ def mismatch_case(comm: Any, what: str) -> dict:
     after = comm.sendrecv(values(rank, 3, "int32"), (rank + 1) % comm.size,
                           src=(rank - 1) % comm.size)
     return {"result": message, "after": after, "stats": vars(comm.stats).copy()}
+
+
+def mixed_paths_case(comm: Any) -> dict:
+    """Pairs of sendrecv between ranks 0 and 1 where one rank traces (the general path) and
+    the other does not (the lane, and a transport's shortest way for a pair): they must meet
+    as they do on one path, agreeing, and disagreeing. Returns what each rank received and
+    its stats."""
+    rank, got = comm.rank, []
+    if rank > 1:
+        return {"got": got, "stats": vars(comm.stats).copy()}
+    peer = 1 - rank
+    for trial in range(4):
+        traced = rank == trial % 2
+        with comm.trace() if traced else contextlib.nullcontext():
+            got.append(comm.sendrecv(values(rank + trial, 5, "float64"), peer).tolist())
+            try:
+                comm.sendrecv(numpy.ones(3 + rank), peer, numpy.empty(3 + rank))
+            except Exception as error:  # noqa: BLE001 - what the rank raised is the result
+                got.append(type(error).__name__)
+    return {"got": got, "stats": vars(comm.stats).copy()}
 
 
 def ring_mismatch_case(comm: Any, count: int) -> dict:

@@ -49,6 +49,21 @@ def test_both_ends_of_a_mismatched_message_raise_and_go_on(run, what, message):
         assert result["stats"]["bytes_sent"] == 3 * 4, "a mismatched message sent data"
 
 
+def test_a_pair_on_the_general_path_meets_one_on_the_shortest_way(run):
+    """A traced rank takes the general path, an untraced one the lane and the transport's
+    shortest way for a pair (on mpi, the check's words and the data in one message): they
+    meet, agree, disagree and count alike."""
+    for rank, result in enumerate(run("mixed_paths_case", 3, "auto")):
+        if rank == 2:
+            continue
+        peer = 1 - rank
+        expected = []
+        for trial in range(4):
+            expected += [values(peer + trial, 5, "float64").tolist(), "MismatchError"]
+        assert result["got"] == expected, result["got"]
+        assert result["stats"]["bytes_sent"] == 4 * 5 * 8, result["stats"]
+
+
 @pytest.mark.parametrize("count", [6, 1 << 17])
 def test_a_sendrecv_moves_the_half_whose_pair_agreed(run, count):
     """A ring shift on 3 ranks where only ranks 0 and 1 disagree (rank 0 sends one element
