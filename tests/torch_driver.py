@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from datetime import timedelta
 
 import numpy
@@ -58,7 +59,12 @@ def calls_scenario(gloo: dist.ProcessGroup) -> None:
             dist.all_reduce(torch.ones(2), async_op=True).wait()
         except collectives.InvalidArgumentError as error:
             refused.append(str(error))
-    dist.all_reduce(torch.ones(2), async_op=True).get_future().then(waits_for_a_later_call).wait()
+    gate = threading.Event()  # holds the progress thread until the callback is attached
+    ringcc_torch.run(dist.group.WORLD.comm, gate.wait)
+    future = dist.all_reduce(torch.ones(2), async_op=True).get_future()
+    future = future.then(waits_for_a_later_call)
+    gate.set()
+    future.wait()
     assert refused and "queued behind the one running there" in refused[0], refused
     if size > 1:  # a wait with a timeout: rank 1 joins only once rank 0's wait has given up
         token = torch.zeros(1)
