@@ -268,15 +268,15 @@ def mismatch_case(comm: Any, what: str) -> dict:
 
 def mixed_paths_case(comm: Any) -> dict:
     """Pairs of sendrecv between ranks 0 and 1 where one rank traces (the general path) and
-    the other does not (the lane, and a transport's shortest way for a pair): they must meet
-    as they do on one path, agreeing, and disagreeing. Returns what each rank received and
-    its stats."""
+    the other does not (the lane, and a transport's shortest way for a pair), then where
+    neither does: they must meet as they do on one path, agreeing, and disagreeing. Returns
+    what each rank received and its stats."""
     rank, got = comm.rank, []
     if rank > 1:
         return {"got": got, "stats": vars(comm.stats).copy()}
     peer = 1 - rank
-    for trial in range(4):
-        traced = rank == trial % 2
+    for trial in range(6):
+        traced = trial < 4 and rank == trial % 2
         with comm.trace() if traced else contextlib.nullcontext():
             got.append(comm.sendrecv(values(rank + trial, 5, "float64"), peer).tolist())
             try:

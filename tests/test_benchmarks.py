@@ -99,6 +99,13 @@ def test_results_that_could_not_be_written_are_refused_at_the_start(tmp_path):
         assert options.unwritable(args) is None
 
 
+def test_a_results_file_that_could_not_be_written_ends_the_run_before_it_starts():
+    job = mpiexec(2, "-m", "benchmarks.all_reduce", "-b", "8", "-e", "8", "-n", "1",
+                  "--json", "/no/such/folder/r.json", check=False, timeout=120)
+    assert job.returncode == 2 and "is not a folder this user can write in" in job.stderr
+    assert "Out of bounds" not in job.stdout, job.stdout  # nothing was measured
+
+
 def test_all_ops_and_dtypes_leave_out_averages_of_integers():
     args = options.parse_args(ALL_REDUCE, ["-o", "all", "-d", "all"])
     pairs, notes = options.cases(ALL_REDUCE, args)

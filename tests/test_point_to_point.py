@@ -52,16 +52,17 @@ def test_both_ends_of_a_mismatched_message_raise_and_go_on(run, what, message):
 def test_a_pair_on_the_general_path_meets_one_on_the_shortest_way(run):
     """A traced rank takes the general path, an untraced one the lane and the transport's
     shortest way for a pair (on mpi, the check's words and the data in one message): they
-    meet, agree, disagree and count alike."""
+    meet, agree, disagree and count alike; and two untraced ones, both the shortest way."""
     for rank, result in enumerate(run("mixed_paths_case", 3, "auto")):
         if rank == 2:
             continue
         peer = 1 - rank
         expected = []
-        for trial in range(4):
+        for trial in range(6):
             expected += [values(peer + trial, 5, "float64").tolist(), "MismatchError"]
         assert result["got"] == expected, result["got"]
-        assert result["stats"]["bytes_sent"] == 4 * 5 * 8, result["stats"]
+        for key in ("bytes_sent", "bytes_received"):
+            assert result["stats"][key] == 6 * 5 * 8, result["stats"]
 
 
 @pytest.mark.parametrize("count", [6, 1 << 17])
