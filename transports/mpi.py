@@ -269,8 +269,8 @@ class MPITransport(Transport):
         """A checked sendrecv with one `peer` of at most PAIR_PACKET_BYTES each way, in one
         message each way: the pair's six words `said` with the data behind them, landing
         where a one-shot packet does (`_Landing`, room for any), where `message` makes the
-        check and the data two exchanges. A peer that took that way (traced, say) sends its
-        words alone, and then its data: the check is the same, and the data then go as there.
+        check and the data two exchanges. A peer on that general way (a traced one) sends its
+        words alone, then its data: the check is the same, and the data then go its way.
         True once moved and counted; False, having done nothing, for a message `message`
         must take; or the peer's words where they differ from `expected`, having taken
         nothing (a peer that disagrees takes nothing either, and raises)."""
