@@ -253,9 +253,7 @@ class MPITransport(Transport):
         any: a peer in a collective call sends its packet instead, whose first six words, its
         call's descriptor, the check then names (a receive of six words alone would be cut
         short, an MPI error on this rank)."""
-        if self._landing is None:
-            self._landing = _Landing(self.comm, self.rank, self._peers, self.one_shot_bytes)
-        landing = self._landing.buffers
+        landing = self._landed().buffers
         words = {peer: numpy.array(said[peer], numpy.uint64) for peer in said}
         receives = [self.comm.Irecv(_bytes(landing[peer]), peer, TAG) for peer in said]
         sends = [self.comm.Isend(_bytes(words[peer]), peer, TAG) for peer in said]
@@ -279,9 +277,7 @@ class MPITransport(Transport):
                 or self.on_transfer is not None or not 0 < mine.nbytes <= most \
                 or not 0 < into.nbytes <= most:
             return False
-        if self._landing is None:
-            self._landing = _Landing(self.comm, self.rank, self._peers, self.one_shot_bytes)
-        landed = self._landing.buffers[peer]
+        landed = self._landed().buffers[peer]
         packet = self._pair_packets.get(mine.nbytes)
         if packet is None:
             if len(self._pair_packets) >= KEPT_SIZES:
@@ -387,15 +383,19 @@ class MPITransport(Transport):
     def _outgoing(self, nbytes: int) -> _Shot:
         """The one-shot packet of `nbytes` and its persistent requests, kept for the next call
         of the same size; made with the persistent receives (`_Landing`) on first use."""
-        if self._landing is None:
-            self._landing = _Landing(self.comm, self.rank, self._peers, self.one_shot_bytes)
         shot = self._sending.get(nbytes)
         if shot is None:
             if len(self._sending) >= KEPT_SIZES:  # the oldest size goes
                 self._sending.pop(next(iter(self._sending))).free()
             shot = self._sending[nbytes] = _Shot(self.comm, self._peers, nbytes,
-                                                 self._landing.receives)
+                                                 self._landed().receives)
         return shot
+
+    def _landed(self) -> _Landing:
+        """Where peers' packets land (`_Landing`), made on first use."""
+        if self._landing is None:
+            self._landing = _Landing(self.comm, self.rank, self._peers, self.one_shot_bytes)
+        return self._landing
 
     def _exchange(self, buf: Any) -> list[Any]:
         """Every rank's `buf`. Device inputs, which are small, travel as host copies."""

@@ -615,14 +615,22 @@ class SlotTransport(Transport):
         """A message of at most a segment each way, untraced, goes straight to `_one_segment`
         with its check pending, and is counted once it has moved (a mismatch withdraws what
         was published, and counts nothing); others as `Transport.message`."""
-        if self.trace is not None or self.on_transfer is not None or self._registered \
-                or (sendbuf is not None and not 0 < sendbuf.nbytes <= self._one_segment_bytes) \
-                or (recvbuf is not None and not 0 < recvbuf.nbytes <= self._one_segment_bytes):
+        if not self._straight(sendbuf, recvbuf):
             super().message(sendbuf, dst, recvbuf, src, check)
             return
         self._pending = check
         self._one_segment(sendbuf, dst, recvbuf, src)
         self._count("copy", sendbuf, dst, recvbuf, src)  # untraced: it only counts
+
+    def _straight(self, sendbuf: Any | None, recvbuf: Any | None) -> bool:
+        """Whether a message of `sendbuf` and `recvbuf` (None: no such side) goes straight
+        through the slots: untraced, from no registered memory, a segment at most each way."""
+        if self.trace is not None or self.on_transfer is not None or self._registered:
+            return False
+        for buf in (sendbuf, recvbuf):
+            if buf is not None and not 0 < buf.nbytes <= self._one_segment_bytes:
+                return False
+        return True
 
     def pair_message(self, mine: Any, peer: int, into: Any, said: tuple[int, ...] | None,
                      expected: tuple[int, ...] | None) -> bool | tuple[int, ...]:
@@ -632,9 +640,7 @@ class SlotTransport(Transport):
         `expected` the peer's if it agrees. True once moved and counted; False, having done
         nothing, for a message `message` must take; or the peer's words where they differ
         from `expected`, having withdrawn what was published and taken nothing."""
-        if self.trace is not None or self.on_transfer is not None or self._registered \
-                or not 0 < mine.nbytes <= self._one_segment_bytes \
-                or not 0 < into.nbytes <= self._one_segment_bytes:
+        if not self._straight(mine, into):
             return False
         if not self._slot_free():
             self.wait(self._slot_free, self._slot_holder(), "a free slot")
@@ -644,10 +650,7 @@ class SlotTransport(Transport):
             if heard != expected:
                 self._withdraw(peer, 1)
                 return heard
-        j = self._wait_find(peer)
-        self._check_size(peer, j, into.nbytes)
-        self.memory.copy(into.view(numpy.uint8), self._slots[peer][j][:into.nbytes])
-        self._consumed(peer)
+        self._take(peer, into.view(numpy.uint8))
         self._count("copy", mine, peer, into, peer)  # untraced: it only counts
         return True
 
@@ -664,10 +667,7 @@ class SlotTransport(Transport):
             self._check_first(dst, sendbuf is not None)
         if recvbuf is None:
             return
-        j = self._wait_find(src)
-        self._check_size(src, j, recvbuf.nbytes)
-        self.memory.copy(recvbuf.view(numpy.uint8), self._slots[src][j][:recvbuf.nbytes])
-        self._consumed(src)
+        self._take(src, recvbuf.view(numpy.uint8))
 
     def sends_ahead(self, nbytes: int, reduced: bool = False) -> int:
         """A message of one segment, or one read in place, takes one slot (`_isend`): as
@@ -864,6 +864,14 @@ class SlotTransport(Transport):
                 return j
             j = (j + 1) % SLOTS
         return None
+
+    def _take(self, src: int, into: Any) -> None:
+        """Copy our next segment from `src` (of `into`'s size) out of its slot into the flat
+        bytes `into`, once it is there, and count it taken."""
+        j = self._wait_find(src)
+        self._check_size(src, j, into.nbytes)
+        self.memory.copy(into, self._slots[src][j][:into.nbytes])
+        self._consumed(src)
 
     def _wait_find(self, src: int) -> int:
         """The slot of `src` that holds our next segment from it, once one does."""
