@@ -110,8 +110,9 @@ def one_shot_all_reduce(transport: Transport, work: Any, op: ReduceOp,
 def reduce_in_rank_order(xp: Any, inputs: list[Any], op: ReduceOp, average: bool,
                          out: Any | None = None) -> Any:
     """(((x0 op x1) op x2) ...) of two or more `inputs` into `out` (a new array when None),
-    divided by their number when `average`: the same order on every rank, so the same bits."""
-    out = op(inputs[0], inputs[1], out=out)
+    divided by their number when `average`: the same order on every rank, so the same bits.
+    With `out` None, the op makes the array (a scalar for 0-d inputs)."""
+    out = op(inputs[0], inputs[1]) if out is None else op(inputs[0], inputs[1], out=out)
     if len(inputs) > 2:  # (two is the common case, and a slice costs a small call)
         for later in inputs[2:]:
             op(out, later, out=out)

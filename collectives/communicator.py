@@ -282,7 +282,8 @@ class Communicator:
         all-reduces kept to teach, "naive_ring" and "reduce_broadcast".
         With `async_op=True` it returns a `Work` (see the class).
         """
-        if algorithm == "auto" and self._small(sendbuf, async_op):
+        if (algorithm == "auto" and not async_op and type(sendbuf) is numpy.ndarray
+                and 0 < sendbuf.nbytes <= self._small_bytes):  # `_small`, written out
             result = small_all_reduce(self, sendbuf, recvbuf, op)
             if result is not GENERAL:
                 return result

@@ -62,8 +62,9 @@ def small_all_reduce(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, op:
     """`comm.all_reduce(sendbuf, recvbuf, op)` by the lane, or GENERAL. The caller has seen
     that sendbuf is a NumPy array of at most `comm._small_bytes`, more than zero.
 
-    The busiest lane (losses, metrics, gradient buckets) has `_open` and `_exchange` written
-    out: two calls fewer took 0.2 us off an 8 B all-reduce of 4.5 us (README, "Small calls").
+    The busiest lane (losses, metrics, gradient buckets) has `_open`, `_exchange`, `_fits`
+    and the reduction of two inputs written out: at 8 B, each call of a function costs a
+    tenth of a microsecond or more (README, "Small calls").
     """
     transport = comm._transport
     if (transport.trace is not None or transport.on_transfer is not None
@@ -76,7 +77,10 @@ def small_all_reduce(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, op:
     kind = comm._small_calls.get(key) or _learn(comm, key, "all_reduce", sendbuf, op)
     if kind is None:
         return GENERAL
-    if recvbuf is not None and not _fits(recvbuf, sendbuf.shape, sendbuf.dtype):
+    if recvbuf is not None and not (type(recvbuf) is numpy.ndarray  # (`_fits`)
+                                    and recvbuf.dtype is sendbuf.dtype
+                                    and recvbuf.shape == sendbuf.shape
+                                    and recvbuf.flags.writeable):
         return GENERAL
     ufunc, average, exchange = kind
     comm._calls = number = comm._calls + 1
@@ -87,9 +91,11 @@ def small_all_reduce(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, op:
     except BaseException as error:  # messages may be in flight: no more calls
         comm._break(error)
         raise
-    if recvbuf is None:  # (a ufunc's own result would be a scalar for 0-d, and native-endian)
+    if recvbuf is None and not (sendbuf.ndim and sendbuf.dtype.isnative):  # (see _reduced)
         recvbuf = numpy.empty(sendbuf.shape, sendbuf.dtype)
-    return reduce_in_rank_order(numpy, inputs, ufunc, average, recvbuf)
+    if average or len(inputs) > 2:
+        return reduce_in_rank_order(numpy, inputs, ufunc, average, recvbuf)
+    return ufunc(inputs[0], inputs[1], out=recvbuf)  # (reduce_in_rank_order, for two)
 
 
 def small_reduce(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, op: str,
@@ -109,9 +115,7 @@ def small_reduce(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, op: str
     inputs = _exchange(comm, exchange, sendbuf)
     if rank != root:
         return None
-    if recvbuf is None:  # (as small_all_reduce)
-        recvbuf = numpy.empty(sendbuf.shape, sendbuf.dtype)
-    return reduce_in_rank_order(numpy, inputs, ufunc, average, recvbuf)
+    return _reduced(inputs, ufunc, average, recvbuf, sendbuf.shape, sendbuf.dtype)
 
 
 def small_broadcast(comm: Any, buf: numpy.ndarray, root: int) -> Any:
@@ -179,9 +183,8 @@ def small_reduce_scatter(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None,
     ufunc, average, exchange = kind
     inputs = _exchange(comm, exchange, sendbuf)
     rank = transport.rank
-    out = numpy.empty(block, sendbuf.dtype) if recvbuf is None else recvbuf
-    return reduce_in_rank_order(numpy, [theirs[rank] for theirs in inputs], ufunc, average,
-                                out)
+    return _reduced([theirs[rank] for theirs in inputs], ufunc, average, recvbuf, block,
+                    sendbuf.dtype)
 
 
 def small_all_to_all(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None) -> Any:
@@ -420,6 +423,17 @@ def _exchange(comm: Any, exchange: Any, sendbuf: numpy.ndarray) -> list[numpy.nd
     except BaseException as error:  # messages may be in flight: no more calls
         comm._break(error)
         raise
+
+
+def _reduced(inputs: list[numpy.ndarray], ufunc: Any, average: bool, recvbuf: Any | None,
+             shape: tuple[int, ...], dtype: numpy.dtype) -> numpy.ndarray:
+    """The reduction of `inputs` in rank order, in `recvbuf`, or when None in a new array of
+    `shape` and `dtype`: the one the ufunc makes for its result (an empty array given it as
+    `out` costs a small call 0.6 us more), but where that would differ: a scalar for 0-d, a
+    native-endian array for a dtype that is not."""
+    if recvbuf is None and not (shape and dtype.isnative):
+        recvbuf = numpy.empty(shape, dtype)
+    return reduce_in_rank_order(numpy, inputs, ufunc, average, recvbuf)
 
 
 def _fits(recvbuf: Any, shape: tuple[int, ...], dtype: numpy.dtype) -> bool:

@@ -24,7 +24,7 @@ from typing import Any, Callable
 import numpy
 from mpi4py import MPI
 
-from .base import CALL_LINE, NO_CALL, Exchange, Moved, ReduceOp, Transport, segments
+from .base import CALL_LINE, Exchange, Moved, ReduceOp, Transport, call_line, segments
 from .bootstrap import duplicated, nodes, start
 from .cuda import copy_bytes, pinned_empty, use_gpu
 from .errors import CollectiveError, InvalidArgumentError
@@ -36,7 +36,8 @@ PAIR_BYTES = PAIR_WORDS.size
 # above it, copying the data into the packet and out of it costs more than the second round
 # trip saves (2 ranks here: 128 KiB 49 us against 56, 512 KiB 140 against 103).
 PAIR_PACKET_BYTES = 128 << 10
-KEPT_SIZES = 8  # one-shot packet sizes whose persistent sends are kept
+KEPT_SIZES = 8  # one-shot packet sizes whose persistent sends are kept, and kinds of input
+NO_DATA = numpy.empty(0, numpy.uint8)  # a one-shot exchange's input when only its header goes
 
 
 def _bytes(buf: Any) -> list:
@@ -77,21 +78,20 @@ class _Landing:
         room = CALL_LINE.size + one_shot_bytes
         self.buffers = [numpy.empty(0 if r == rank else room, numpy.uint8)
                         for r in range(comm.Get_size())]
-        self.headers = [memoryview(self.buffers[r])[:CALL_LINE.size] for r in peers]
+        self.headers = [memoryview(self.buffers[r])[:CALL_LINE.size].cast("Q") for r in peers]
         self.receives = [comm.Recv_init(_bytes(self.buffers[r]), r, TAG) for r in peers]
 
 
 class _Shot:
-    """A one-shot packet of `nbytes` (descriptor, then data), its persistent sends to every
-    peer, and per kind of input (shape, dtype) every rank's input as views (`_views_of`)."""
+    """A one-shot packet of `nbytes` (descriptor, then data) and its persistent sends to every
+    peer."""
 
     def __init__(self, comm: MPI.Comm, peers: list[int], nbytes: int,
                  receives: list[MPI.Prequest]) -> None:
         self.packet = numpy.empty(nbytes, numpy.uint8)
-        self.header = memoryview(self.packet)[:CALL_LINE.size]
+        self.header = memoryview(self.packet)[:CALL_LINE.size].cast("Q")
         self.sends = [comm.Send_init(_bytes(self.packet), r, TAG) for r in peers]
         self.requests = receives + self.sends  # what one Startall starts
-        self.kinds: dict[tuple, list[Any]] = {}
         self.freed = False
 
     def free(self) -> None:
@@ -133,6 +133,7 @@ class MPITransport(Transport):
             self._peers = [r for r in range(self.size) if r != self.rank]
             self._landing: _Landing | None = None
             self._sending: dict[int, _Shot] = {}  # by packet size
+            self._exchanges: dict[tuple, Callable[..., list[Any]]] = {}  # by shape and dtype
             self._pair_packets: dict[int, numpy.ndarray] = {}  # `pair_message`'s, by data size
             self.staged = self.xp is not numpy and not cuda_aware(self.comm)
             if self.staged:
@@ -304,81 +305,82 @@ class MPITransport(Transport):
     def _all_inputs(self, buf: Any, call: tuple[int, ...] | None) -> list[Any]:
         """One message per peer carries a header, the call's descriptor (zeros when no call is
         checked) and the size of the input, and, when the input is small (up to
-        `one_shot_bytes`), the input too (`_one_shot`): a small call checks itself in the
-        exchange that moves it."""
+        `one_shot_bytes`), the input too (`_one_shot_exchange`): a small call checks itself
+        in the exchange that moves it."""
         host = buf if self.xp is numpy else buf.get()
         with_data = host.nbytes <= self.one_shot_bytes
         if call is None and not with_data:
             return self._exchange(buf)
-        shot = self._outgoing(CALL_LINE.size + (host.nbytes if with_data else 0))
-        inputs = None
-        if with_data:
-            inputs = self._views_of(shot, host)
-        self._one_shot(shot, inputs, host, CALL_LINE.pack(*(call or NO_CALL), host.nbytes))
-        if inputs is None:
+        sent = host if with_data else NO_DATA
+        inputs = self._one_shot_exchange(sent.shape, sent.dtype)(sent,
+                                                                  call_line(call, host.nbytes))
+        if not with_data:
             return self._exchange(buf)
         return inputs if self.xp is numpy else [self.xp.asarray(i) for i in inputs]
 
     def prepare_all_inputs(self, shape: tuple[int, ...], dtype: Any, collective: str,
                            call: tuple[int, ...] | None,
                            moved: list[Moved] | None = None) -> Exchange:
-        """The one-shot exchange (`_one_shot`) with the call's naming, counting and header
-        worked out beforehand (`_prepare_one_shot`), and its packet and views kept."""
+        """The one-shot exchange (`_one_shot_exchange`) with the call's naming, counting and
+        header worked out beforehand (`_prepare_one_shot`)."""
         nbytes = math.prod(shape) * numpy.dtype(dtype).itemsize
         if (self.xp is not numpy or not 0 < nbytes <= self.one_shot_bytes or self.size == 1
                 or self.off_node):  # (across nodes, the general way counts those bytes apart)
             return super().prepare_all_inputs(shape, dtype, collective, call, moved)
-        held: list[Any] = [None, None]  # the packet's _Shot and every rank's input in it
+        return self._prepare_one_shot(shape, dtype, collective, call, moved,
+                                      self._one_shot_exchange(shape, dtype))
 
-        def move(buf: Any, line: bytearray) -> list[Any]:
-            shot, inputs = held
-            if shot is None or shot.freed:  # (calls of other sizes may have pushed it out)
+    def _one_shot_exchange(self, shape: tuple[int, ...],
+                           dtype: Any) -> Callable[[numpy.ndarray, memoryview], list[Any]]:
+        """exchange(host, line): send the header `line` (`call_line`) and `host` (of `shape`
+        and `dtype`, on the host) to every peer in one packet, and take each peer's; return
+        every rank's input, views within the packets, valid until the next call. CallsDiffer,
+        or MismatchError, if a peer's header differs. Each receive has room for the largest
+        such packet, so a peer whose call differs cannot overrun it.
+
+        Small calls come often, so what does not depend on the data is made once per shape
+        and dtype, and kept: the packet and its persistent requests (`_Shot`), every rank's
+        input as views; a call copies its input in, starts the requests, and compares the
+        headers as words.
+        """
+        kept = self._exchanges.get((shape, dtype))
+        if kept is not None:
+            return kept
+        if len(self._exchanges) >= KEPT_SIZES:  # a sweep of sizes: start again
+            self._exchanges.clear()
+        nbytes = math.prod(shape) * numpy.dtype(dtype).itemsize
+        landing, rank, start_all = self._landed(), self.rank, MPI.Prequest.Startall
+        headers = landing.headers
+        held: list[Any] = []  # the packet (a `_Shot`) and every rank's input within the packets
+
+        def exchange(host: numpy.ndarray, line: memoryview) -> list[Any]:
+            if not held or held[0].freed:  # (calls of other sizes may have pushed it out)
                 shot = self._outgoing(CALL_LINE.size + nbytes)
-                inputs = self._views_of(shot, buf)
-                held[:] = shot, inputs
-            self._one_shot(shot, inputs, buf, line)
-            return inputs
-        return self._prepare_one_shot(shape, dtype, collective, call, moved, move)
-
-    def _one_shot(self, shot: _Shot, inputs: list[Any] | None, host: numpy.ndarray,
-                  line: bytes) -> None:
-        """Send the header `line`, and `host` when there are `inputs` (every rank's, within
-        the packets), to every peer in `shot`'s packet, and take each peer's; CallsDiffer, or
-        MismatchError, if a peer's header differs. Each receive has room for the largest such
-        packet, so a peer whose call differs cannot overrun it. Small calls come often, so
-        the path is lean: packets, requests and views are made once per size and kind, and
-        the headers are compared as bytes."""
-        shot.header[:] = line
-        if inputs is not None:
-            inputs[self.rank][...] = host
-        MPI.Prequest.Startall(shot.requests)
-        for request in shot.requests:  # (one request's Test costs a third of a Testall)
-            polls = self.spin
-            while not request.Test():  # a short spin first: a peer is most often about to send
-                polls -= 1
-                if polls < 0:
+                views = [b[CALL_LINE.size:CALL_LINE.size + nbytes] for b in landing.buffers]
+                views[rank] = shot.packet[CALL_LINE.size:]
+                held[:] = shot, [v.view(dtype).reshape(shape) for v in views]
+            shot, inputs = held
+            shot.header[:] = line
+            inputs[rank][...] = host
+            start_all(shot.requests)
+            for request in shot.requests:  # (one request's Test costs a third of a Testall)
+                polls = self.spin
+                while not request.Test():  # a short spin first: a peer is most often about to
+                    polls -= 1
+                    if polls < 0:
+                        break
+                if polls < 0:  # then wait for them all, naming any peer that does not come
+                    for peer, receive in zip(self._peers, landing.receives):
+                        self._wait_all([receive], peer, "a message")
+                    self._wait_all(shot.sends, None, "its sends to complete")
                     break
-            if polls < 0:  # then wait for them all, naming any peer that does not come
-                for peer, receive in zip(self._peers, self._landing.receives):
-                    self._wait_all([receive], peer, "a message")
-                self._wait_all(shot.sends, None, "its sends to complete")
-                break
-        self._compare_lines(line, self._landing.headers)
-
-    def _views_of(self, shot: _Shot, host: numpy.ndarray) -> list[Any]:
-        """Every rank's input of `host`'s kind within the one-shot packets: this rank's in
-        `shot`, the peers' where their packets land. Made once per kind (a run of small calls
-        is mostly of a few)."""
-        inputs = shot.kinds.get((host.shape, host.dtype))
-        if inputs is not None:
+            for header in headers:
+                if header != line:
+                    self._compare_lines(line, headers)  # raises
             return inputs
-        if len(shot.kinds) >= KEPT_SIZES:
-            shot.kinds.clear()
-        views = [b[CALL_LINE.size:CALL_LINE.size + host.nbytes] for b in self._landing.buffers]
-        views[self.rank] = shot.packet[CALL_LINE.size:]
-        inputs = shot.kinds[(host.shape, host.dtype)] = [
-            v.view(host.dtype).reshape(host.shape) for v in views]
-        return inputs
+
+        self._exchanges[(shape, dtype)] = exchange
+        return exchange
 
     def _outgoing(self, nbytes: int) -> _Shot:
         """The one-shot packet of `nbytes` and its persistent requests, kept for the next call
@@ -451,4 +453,4 @@ class MPITransport(Transport):
             request.Free()
         for shot in self._sending.values():
             shot.free()
-        self._landing, self._sending = None, {}
+        self._landing, self._sending, self._exchanges = None, {}, {}
