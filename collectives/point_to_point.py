@@ -19,6 +19,25 @@ from .arguments import check_root, check_writeable
 from .check import messages
 
 
+class MessageName:
+    """A message call's name, as errors and traces give it ("sendrecv (send #3 to rank 1, recv
+    #3 from rank 1)"), made into words only when one is shown: at 8 B, formatting it costs a
+    small message as much as its copies."""
+
+    __slots__ = ("dst", "sent", "src", "received")
+
+    def __init__(self, dst: int | None, sent: int, src: int | None, received: int) -> None:
+        self.dst, self.sent, self.src, self.received = dst, sent, src, received
+
+    def __str__(self) -> str:
+        if self.src is None:
+            return f"send #{self.sent} to rank {self.dst}"
+        if self.dst is None:
+            return f"recv #{self.received} from rank {self.src}"
+        return (f"sendrecv (send #{self.sent} to rank {self.dst}, recv #{self.received} from "
+                f"rank {self.src})")
+
+
 class Messages:
     """The point-to-point messages of one rank, numbered per peer."""
 
@@ -46,19 +65,19 @@ class Messages:
         return True
 
     def describe(self, mine: Any | None, dst: int | None, into: Any | None,
-                 src: int | None) -> tuple[str, dict[int, tuple[int, ...]]]:
+                 src: int | None) -> tuple[MessageName, dict[int, tuple[int, ...]]]:
         """A call's messages (flat `mine` to `dst`, flat `into` from `src`, either None), by
         their numbers: the call's name, and for each peer this rank's description of the
         messages between the two, for the check (check.messages). They count once `count`
         is called, after the check: a call both ends refused took no number."""
         if src is None:
             number = self.sent[dst] + 1
-            return f"send #{number} to rank {dst}", {dst: messages((number, mine), None)}
+            return MessageName(dst, number, None, 0), {dst: messages((number, mine), None)}
         if dst is None:
             number = self.received[src] + 1
-            return f"recv #{number} from rank {src}", {src: messages(None, (number, into))}
+            return MessageName(None, 0, src, number), {src: messages(None, (number, into))}
         sent, expected = (self.sent[dst] + 1, mine), (self.received[src] + 1, into)
-        where = f"sendrecv (send #{sent[0]} to rank {dst}, recv #{expected[0]} from rank {src})"
+        where = MessageName(dst, sent[0], src, expected[0])
         if dst == src:
             return where, {dst: messages(sent, expected)}
         return where, {dst: messages(sent, None), src: messages(None, expected)}

@@ -49,7 +49,8 @@ from .all_reduce import reduce_in_rank_order
 from .arguments import NUMERIC, output
 from .arrays import overlap
 from .blocks import equal
-from .check import MessagesDiffer, judge_pair, mirrored
+from .check import MessagesDiffer, judge_pair, pair_kind, pair_said
+from .point_to_point import MessageName
 from .scan import finish, prefix
 from .scatter import (LENGTH, blank, describe, description_bytes, inline_bytes,
                       receive_described, send_blocks)
@@ -309,8 +310,10 @@ def small_message(comm: Any, sendbuf: numpy.ndarray | None, dst: int | None,
         recvbuf = numpy.empty(sendbuf.shape, sendbuf.dtype)
     for buf in (sendbuf, recvbuf):
         if buf is not None and (type(buf) is not numpy.ndarray or buf.dtype.kind not in NUMERIC
-                                or not _open(comm, buf)):
+                                or not buf.flags.c_contiguous):
             return GENERAL
+    if not _open(comm, recvbuf if sendbuf is None else sendbuf):
+        return GENERAL
     if recvbuf is not None and not recvbuf.flags.writeable:
         return GENERAL
     if sendbuf is not None and recvbuf is not None and overlap(recvbuf, sendbuf, numpy):
@@ -337,16 +340,17 @@ def _pair_message(comm: Any, mine: numpy.ndarray, peer: int, into: numpy.ndarray
     transport = comm._transport
     if transport.pair_message is None:
         return False
-    where, said = comm._messages.describe(mine, peer, into, peer)
-    transport.begin(where, phase="sendrecv")
-    words = said[peer] if comm._checking else None
-    moved = transport.pair_message(mine, peer, into, words,
-                                   None if words is None else mirrored(words))
+    counted = comm._messages  # (`Messages.describe`, for this one case)
+    n_sent, n_expected = counted.sent[peer] + 1, counted.received[peer] + 1
+    transport.begin(MessageName(peer, n_sent, peer, n_expected), phase="sendrecv")
+    said, expected = pair_said(n_sent, n_expected, pair_kind(mine, into)) \
+        if comm._checking else (None, None)
+    moved = transport.pair_message(mine, peer, into, said, expected)
     if moved is False:
         return False
     if moved is not True:  # the peer's words, which differ: raises
-        judge_pair(transport, said, {peer: moved})
-    comm._messages.count(peer, peer)
+        judge_pair(transport, {peer: said}, {peer: moved})
+    counted.count(peer, peer)
     return True
 
 

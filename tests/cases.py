@@ -286,6 +286,29 @@ def mixed_paths_case(comm: Any) -> dict:
     return {"got": got, "stats": vars(comm.stats).copy()}
 
 
+def pair_areas_case(comm: Any) -> dict:
+    """Sendrecvs between ranks 0 and 1 of 8 B, 4 KiB and 4 KiB + 8 B each way, counting the
+    ones that went through the pair areas (shm: None on a transport without them); returns
+    what each rank received, the count and the transport's name."""
+    rank, got = comm.rank, []
+    if rank > 1:
+        return {"got": got, "through_areas": None, "transport": comm.transport}
+    transport, taken = comm._transport, []
+    through = getattr(transport, "_through_pair_areas", None)
+    if through is not None and transport._pair_out is not None:
+        def counted(*args: Any) -> Any:
+            taken.append(args[0].nbytes)
+            return through(*args)
+        transport._through_pair_areas = counted
+    try:
+        for count in (1, 512, 513):
+            got.append(comm.sendrecv(values(rank, count, "float64"), 1 - rank).tolist())
+    finally:
+        transport.__dict__.pop("_through_pair_areas", None)
+    return {"got": got, "through_areas": taken if through is not None else None,
+            "transport": comm.transport}
+
+
 def ring_mismatch_case(comm: Any, count: int) -> dict:
     """A ring shift by sendrecv, twice: in the first, rank 0 sends one element more than rank
     1 expects. Each rank returns, per round, what it raised or what it received."""

@@ -65,6 +65,19 @@ def test_a_pair_on_the_general_path_meets_one_on_the_shortest_way(run):
             assert result["stats"][key] == 6 * 5 * 8, result["stats"]
 
 
+def test_a_small_sendrecv_goes_through_the_pair_areas_on_shm(run):
+    """On shm a sendrecv of up to a page each way with one peer is one publish and one wait,
+    through the pair areas (slots.py, "Pair areas"); a larger one goes through the slots.
+    Right on every transport."""
+    for rank, result in enumerate(run("pair_areas_case", 3, "auto")):
+        if rank == 2:
+            continue
+        assert result["got"] == [values(1 - rank, count, "float64").tolist()
+                                 for count in (1, 512, 513)]
+        if result["transport"] == "shm":
+            assert result["through_areas"] == [8, 4096], result["through_areas"]
+
+
 @pytest.mark.parametrize("count", [6, 1 << 17])
 def test_a_sendrecv_moves_the_half_whose_pair_agreed(run, count):
     """A ring shift on 3 ranks where only ranks 0 and 1 disagree (rank 0 sends one element

@@ -202,15 +202,15 @@ class Transport(ABC):
     @property
     def where(self) -> str:
         """What the caller is doing, for error messages ("all_reduce #3")."""
-        return f"{self._what} #{self._number}" if self._number else self._what
+        return f"{self._what} #{self._number}" if self._number else str(self._what)
 
     def during(self) -> str:
         """The end of an error message: ' during all_reduce #3', or nothing outside a call."""
         return f" during {self.where}" if self.where else ""
 
-    def begin(self, where: str, call: tuple[int, ...] | None = None, phase: str = "") -> None:
-        """A new call starts: `where` names it ("all_reduce #3") until the next one, and its
-        algorithm is at `phase` (see `at`).
+    def begin(self, where: Any, call: tuple[int, ...] | None = None, phase: str = "") -> None:
+        """A new call starts: `where` names it ("all_reduce #3", or an object that says it
+        when made a string) until the next one, and its algorithm is at `phase` (see `at`).
 
         `call`, when given, is the call's descriptor (six non-negative integers): the call's
         first `all_inputs` carries it to every rank along with the data, and raises

@@ -149,7 +149,7 @@ class HierarchicalTransport(Transport):
             part.on_transfer = None if hook is None else (
                 lambda record, ranks=ranks, name=name: hook(_in_world(record, ranks, name)))
 
-    def begin(self, where: str, call: tuple[int, ...] | None = None, phase: str = "") -> None:
+    def begin(self, where: Any, call: tuple[int, ...] | None = None, phase: str = "") -> None:
         super().begin(where, call, phase)
         self.world.begin(where, None, phase)
         for part, _, _, label in self._parts:

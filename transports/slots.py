@@ -81,8 +81,9 @@ A call of one exchange (a small all-reduce, a call check) instead publishes its 
 a one-shot area (`_all_inputs`), with its call descriptor beside it, and every rank reads every
 other's: one publish and one wait both check the call and move its data. Memory per rank,
 whatever the message: SLOTS * segment_bytes + 2 * one_shot_bytes + the control lines (a page up
-to 11 ranks). A wait spins briefly, then yields the CPU (`Transport.wait`), and stops with
-PeerFailedError if the peer's process has died rather than wait out the timeout.
+to 11 ranks), and on the host the pair areas (below). A wait spins briefly, then yields the
+CPU (`Transport.wait`), and stops with PeerFailedError if the peer's process has died rather
+than wait out the timeout.
 
 Folded checks. A call whose check is handed over (`check_first`) makes it in its first
 exchange: the rank first publishes what fits in its free slots, then checks (every rank's call
@@ -94,6 +95,18 @@ that has published a one-shot turn it has not (the peer is in a collective call)
 that turn too, the check's six integers as its call line; the peer, seeing them, answers the
 check with its call's descriptor (`_answer_collective`, `_answer_messages`). Both then raise,
 having taken each other's turn, so the next call of each lines up.
+
+Pair areas. A sendrecv with one peer of up to PAIR_AREA_BYTES each way (`pair_message`), with
+its check, is one publish and one wait, as a one-shot exchange is: each rank copies its data
+into its area for that peer (two per peer, by the parity of the pair's turn), writes the
+check's six integers in its pair line, marked INLINE, and once the peer's line has come
+compares the words and copies the peer's data out of the peer's area for it. A turn's area is
+written again two turns later, once the peer has said the turn between, which it says only
+after it has read this one. A peer whose words are not marked (its message goes the general
+way: a traced rank, or a send alone) takes from the slots after its check, so the rank then
+sends through a slot, and takes the peer's from one, as the general way does. On host memory
+(the CUDA transport's data goes the general way). Memory per rank: 2 * PAIR_AREA_BYTES per
+peer.
 
 The protocol is the same whatever memory the data lives in; a memory kind (`MemoryKind`) says
 where, and how to copy and reduce there. The control lines always stay in host shared memory,
@@ -135,6 +148,8 @@ READ_PIECE_BYTES = 1 << 20
 # share and push lines follow (the module's docstring, and `_setup`).
 BARRIER, PUBLISHED, CONSUMED = 0, 1, 2
 KEPT_EXCHANGES = 64  # one-shot exchanges kept, one per (shape, dtype) seen
+PAIR_AREA_BYTES = PAGE  # a pair's message up to this size each way goes through pair areas
+INLINE = 1 << 61  # marks a pair line's first word: the message lies in the sender's pair area
 
 
 class MemoryKind(Protocol):
@@ -334,7 +349,8 @@ class SlotTransport(Transport):
         self._share_line = self._pair_line + 2 * size
         self._push_line = self._share_line + size
         control = -(-(self._push_line + size) * LINE // PAGE) * PAGE
-        data = SLOTS * self.slot_bytes + 2 * self._area_bytes
+        pairs_at = SLOTS * self.slot_bytes + 2 * self._area_bytes
+        data = pairs_at + (2 * size * PAIR_AREA_BYTES if self.memory.in_host_region else 0)
         nbytes = control + (data if self.memory.in_host_region else 0)
         self._check_room(nbytes)
         regions = share_regions(self.comm, nbytes)
@@ -347,6 +363,18 @@ class SlotTransport(Transport):
         self._slots = [[d[j * self.slot_bytes:(j + 1) * self.slot_bytes] for j in range(SLOTS)]
                        for d in self._data]
         self._slot_words = [(self._slot_line + j) * WORDS for j in range(SLOTS)]
+        # Our pair areas for each peer, and each peer's for us, by the parity of the turn, as
+        # memoryviews (a copy between memoryviews costs half a copy between arrays at a few
+        # bytes); None where the data is not on the host (see "Pair areas").
+        self._pair_out = self._pair_in = None
+        if self.memory.in_host_region:
+            def area(r: int, p: int, parity: int) -> Any:
+                lo = pairs_at + (2 * p + parity) * PAIR_AREA_BYTES
+                return memoryview(self._data[r][lo:lo + PAIR_AREA_BYTES])
+            self._pair_out = [[area(self.rank, p, parity) for parity in range(2)]
+                              for p in range(size)]
+            self._pair_in = [[area(p, self.rank, parity) for parity in range(2)]
+                             for p in range(size)]
         self._one_segment_bytes = min(self.slot_bytes, DIRECT_BYTES - 1)  # see `_one_segment`
         # isends from here up are read in place. Where ranks share cores, any that a slot
         # cannot hold: streamed, it would hold its sender until the receiver runs (measured on
@@ -642,6 +670,9 @@ class SlotTransport(Transport):
         from `expected`, having withdrawn what was published and taken nothing."""
         if not self._straight(mine, into):
             return False
+        if said is not None and self._pair_out is not None \
+                and mine.nbytes <= PAIR_AREA_BYTES and into.nbytes <= PAIR_AREA_BYTES:
+            return self._through_pair_areas(mine, peer, into, said, expected)
         if not self._slot_free():
             self.wait(self._slot_free, self._slot_holder(), "a free slot")
         self._publish(mine.view(numpy.uint8), peer, mine.nbytes)
@@ -651,6 +682,28 @@ class SlotTransport(Transport):
                 self._withdraw(peer, 1)
                 return heard
         self._take(peer, into.view(numpy.uint8))
+        self._count("copy", mine, peer, into, peer)  # untraced: it only counts
+        return True
+
+    def _through_pair_areas(self, mine: Any, peer: int, into: Any, said: tuple[int, ...],
+                            expected: tuple[int, ...]) -> bool | tuple[int, ...]:
+        """`pair_message` of a message that fits the pair areas (see "Pair areas"): our data
+        in our area for `peer`, our words marked INLINE, then the peer's data out of its area
+        for us once its words have come and agree; through the slots where the peer's words
+        say its data went there. The result as `pair_message`'s."""
+        turn = self._pairs[peer] + 1
+        self._pair_out[peer][turn & 1][:mine.nbytes] = mine.data.cast("B")
+        turn = self._say(peer, (said[0] | INLINE, *said[1:]))
+        heard = self._hear(peer, said, turn)
+        if heard != expected:
+            return heard  # (nothing to withdraw: the peer reads our area only on agreement)
+        if self._ctl[peer][self._pair_words(self.rank, turn) + 1] & INLINE:
+            into.data.cast("B")[:] = self._pair_in[peer][turn & 1][:into.nbytes]
+        else:  # the peer's message went the general way: ours goes as the general way sends
+            if not self._slot_free():
+                self.wait(self._slot_free, self._slot_holder(), "a free slot")
+            self._publish(mine.view(numpy.uint8), peer, mine.nbytes)
+            self._take(peer, into.view(numpy.uint8))
         self._count("copy", mine, peer, into, peer)  # untraced: it only counts
         return True
 
@@ -737,14 +790,18 @@ class SlotTransport(Transport):
         return turn
 
     def _hear(self, peer: int, words: tuple[int, ...], turn: int) -> tuple[int, ...]:
-        """`peer`'s words of check `turn`, once it has written them; a peer in a collective
-        call meanwhile is answered with ours, `words` (`_answer_collective`)."""
+        """`peer`'s words of check `turn` (without the INLINE mark: "Pair areas"), once it
+        has written them; a peer in a collective call meanwhile is answered with ours,
+        `words` (`_answer_collective`)."""
         line = self._pair_words(self.rank, turn)
         if self._ctl[peer][line] != turn:
             answered: list[int] = []
             self.wait(lambda: self._answer_collective(peer, words, line, turn, answered), peer,
                       "a message")
-        return PAIR_WORDS.unpack_from(self._ctl_bytes[peer], (line + 1) * 8)
+        heard = PAIR_WORDS.unpack_from(self._ctl_bytes[peer], (line + 1) * 8)
+        if heard[0] & INLINE:  # (where the peer's data lies: `_through_pair_areas` looks)
+            return (heard[0] & ~INLINE, *heard[1:])
+        return heard
 
     def _pair_words(self, to: int, turn: int) -> int:
         """The first word, in a rank's control lines, of its pair line to rank `to` for their
