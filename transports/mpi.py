@@ -134,7 +134,9 @@ class MPITransport(Transport):
             self._landing: _Landing | None = None
             self._sending: dict[int, _Shot] = {}  # by packet size
             self._exchanges: dict[tuple, Callable[..., list[Any]]] = {}  # by shape and dtype
-            self._pair_packets: dict[int, numpy.ndarray] = {}  # `pair_message`'s, by data size
+            # `pair_message`'s packets and their persistent sends, by peer and data size.
+            self._pair_packets: dict[tuple[int, int], tuple[numpy.ndarray, MPI.Prequest]] = {}
+            self._status = MPI.Status()  # (made once: a small message feels each object)
             self.staged = self.xp is not numpy and not cuda_aware(self.comm)
             if self.staged:
                 self._host = [pinned_empty(nbytes) for _ in range(2)]  # outgoing, incoming
@@ -278,20 +280,32 @@ class MPITransport(Transport):
                 or self.on_transfer is not None or not 0 < mine.nbytes <= most \
                 or not 0 < into.nbytes <= most:
             return False
-        landed = self._landed().buffers[peer]
-        packet = self._pair_packets.get(mine.nbytes)
-        if packet is None:
+        landing = self._landed()
+        landed = landing.buffers[peer]
+        # The receive is the one-shot exchange's from this peer (the same buffer and tag);
+        # the packet and its send are kept per peer and size, as the one-shot's are.
+        receive = landing.receives[peer if peer < self.rank else peer - 1]
+        kept = self._pair_packets.get((peer, mine.nbytes))
+        if kept is None:
             if len(self._pair_packets) >= KEPT_SIZES:
-                self._pair_packets.clear()
-            packet = self._pair_packets[mine.nbytes] = numpy.empty(PAIR_BYTES + mine.nbytes,
-                                                                    numpy.uint8)
+                self._free_pair_packets()
+            packet = numpy.empty(PAIR_BYTES + mine.nbytes, numpy.uint8)
+            kept = self._pair_packets[(peer, mine.nbytes)] = (
+                packet, self.comm.Send_init(_bytes(packet), peer, TAG))
+        packet, send = kept
         PAIR_WORDS.pack_into(packet, 0, *said)
         packet[PAIR_BYTES:] = mine.view(numpy.uint8)
-        status = MPI.Status()
-        receive = self.comm.Irecv(_bytes(landed), peer, TAG)
-        send = self.comm.Isend(_bytes(packet), peer, TAG)
-        self.wait(lambda: receive.Test(status), peer, "a message")
-        self._wait_all([send], peer, "its message to be taken")
+        status = self._status
+        receive.Start()
+        send.Start()
+        polls = self.spin
+        while not receive.Test(status):  # a short spin first, as the one-shot exchange's
+            polls -= 1
+            if polls < 0:
+                self.wait(lambda: receive.Test(status), peer, "a message")
+                break
+        if not send.Test():
+            self._wait_all([send], peer, "its message to be taken")
         heard = PAIR_WORDS.unpack_from(landed, 0)
         if heard != expected:
             return heard
@@ -453,4 +467,11 @@ class MPITransport(Transport):
             request.Free()
         for shot in self._sending.values():
             shot.free()
+        self._free_pair_packets()
         self._landing, self._sending, self._exchanges = None, {}, {}
+
+    def _free_pair_packets(self) -> None:
+        """Free `pair_message`'s sends (one still going finishes on its own) and packets."""
+        for _, send in self._pair_packets.values():
+            send.Free()
+        self._pair_packets = {}
