@@ -284,11 +284,14 @@ def small_scatter(comm: Any, sendbuf: Any | None, recvbuf: Any | None, root: int
     return mine
 
 
-def _messages(comm: Any, move: Callable[[], Any]) -> None:
-    """`move()`, the messages that follow a lane's exchange: a ValueError leaves the
-    communicator usable (as calls.py), anything else breaks it."""
+def _messages(comm: Any, move: Callable[[], Any]) -> Any:
+    """`move()`, the messages of a lane (those that follow its exchange, or a message's own):
+    a pair that disagreed raises MismatchError on both ends, having taken no data; a
+    ValueError leaves the communicator usable (as calls.py); anything else breaks it."""
     try:
-        move()
+        return move()
+    except MessagesDiffer as differ:
+        raise MismatchError(str(differ)) from None
     except BaseException as error:
         if not isinstance(error, (ValueError, TypeError)):
             comm._break(error)
@@ -318,17 +321,13 @@ def small_message(comm: Any, sendbuf: numpy.ndarray | None, dst: int | None,
         return GENERAL
     if sendbuf is not None and recvbuf is not None and overlap(recvbuf, sendbuf, numpy):
         return GENERAL  # in place: the general path sends a copy
-    try:
-        if dst != src or sendbuf is None or not _pair_message(comm, _flat(sendbuf), dst,
-                                                              _flat(recvbuf)):
-            comm._message(None if sendbuf is None else _flat(sendbuf), dst,
-                          None if recvbuf is None else _flat(recvbuf), src)
-    except MessagesDiffer as differ:  # both ends raise it, having taken no data
-        raise MismatchError(str(differ)) from None
-    except BaseException as error:  # as calls.py: a ValueError leaves the communicator usable
-        if not isinstance(error, (ValueError, TypeError)):
-            comm._break(error)
-        raise
+    mine = None if sendbuf is None else _flat(sendbuf)
+    into = None if recvbuf is None else _flat(recvbuf)
+
+    def move() -> None:
+        if dst != src or mine is None or not _pair_message(comm, mine, dst, into):
+            comm._message(mine, dst, into, src)
+    _messages(comm, move)
     return recvbuf
 
 
