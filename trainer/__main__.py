@@ -184,6 +184,43 @@ def megabytes(n: float) -> str:
     return f"{n / 1e6:.2f} MB"
 
 
+def step(ddp: Any, optimizer: Any, comm: Communicator, x_train: Any, y_train: Any,
+         index: Any, micro: list[tuple[int, int]], scale: float) -> Any:
+    """One optimizer step on this rank's slice `index` of the global batch, in micro-batches
+    (`micro`: bounds within the slice); returns the slice's summed loss, scaled."""
+    optimizer.zero_grad()
+    step_loss = 0.0
+    for m, (lo, hi) in enumerate(micro):
+        # every micro-batch but the last only adds to the local gradients
+        with ddp.no_sync() if m < len(micro) - 1 else nullcontext():
+            part = index[lo:hi]
+            with comm.span("forward"):
+                loss = cross_entropy(ddp(Tensor(x_train[part])), y_train[part], "sum") * scale
+            with comm.span("backward"):
+                loss.backward()
+        step_loss = step_loss + loss.data
+    with comm.span("optimizer"):
+        optimizer.step()
+    return step_loss
+
+
+def epoch_line(entry: dict, epochs: int, memory: dict[str, int]) -> str:
+    """What rank 0 prints after an epoch."""
+    return (f"epoch {entry['epoch']:>3}/{epochs}  train loss {entry['train_loss']:.4f}"
+            f"  test accuracy {entry['test_accuracy']:.2%}  "
+            f"{entry['samples_per_s']:,.0f} samples/s  comm {entry['comm_s']:.2f} s  "
+            f"sent {megabytes(entry['bytes_sent_per_step'])}/step  memory: parameters "
+            f"{megabytes(memory['parameters'])}, gradients {megabytes(memory['gradients'])}, "
+            f"optimizer {megabytes(memory['optimizer_state'])}")
+
+
+def write_results(folder: Path, model: Module, results: dict) -> None:
+    """--out: the parameters (params.npz) and the metrics (metrics.json)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    numpy.savez(folder / "params.npz", **{k: to_numpy(v) for k, v in model.state_dict().items()})
+    (folder / "metrics.json").write_text(json.dumps(results, indent=2) + "\n")
+
+
 def train(args: argparse.Namespace, comm: Communicator) -> dict:
     """Run the whole training; returns the metrics (on every rank)."""
     if args.batch_size // comm.size < args.accumulate:  # the smallest slice, on every rank
@@ -235,20 +272,7 @@ def train(args: argparse.Namespace, comm: Communicator) -> dict:
                 break
             index = xp.asarray(index)
             optimizer.lr = learning_rate(position.global_step, base_lr(args), args.warmup_steps)
-            optimizer.zero_grad()
-            step_loss = 0.0
-            for m, (lo, hi) in enumerate(micro):
-                # every micro-batch but the last only adds to the local gradients
-                with ddp.no_sync() if m < len(micro) - 1 else nullcontext():
-                    part = index[lo:hi]
-                    with comm.span("forward"):
-                        loss = cross_entropy(ddp(Tensor(x_train[part])), y_train[part],
-                                             "sum") * scale
-                    with comm.span("backward"):
-                        loss.backward()
-                step_loss = step_loss + loss.data
-            with comm.span("optimizer"):
-                optimizer.step()
+            step_loss = step(ddp, optimizer, comm, x_train, y_train, index, micro, scale)
             local_loss += step_loss
             position.step += 1
             position.global_step += 1
@@ -272,13 +296,7 @@ def train(args: argparse.Namespace, comm: Communicator) -> dict:
                  "bytes_sent_per_step": position.bytes_sent / max(position.step, 1)}
         metrics.append(entry)
         if lead:
-            print(f"epoch {entry['epoch']:>3}/{args.epochs}  train loss {entry['train_loss']:.4f}"
-                  f"  test accuracy {entry['test_accuracy']:.2%}  "
-                  f"{entry['samples_per_s']:,.0f} samples/s  comm {entry['comm_s']:.2f} s  "
-                  f"sent {megabytes(entry['bytes_sent_per_step'])}/step  memory: parameters "
-                  f"{megabytes(memory['parameters'])}, gradients "
-                  f"{megabytes(memory['gradients'])}, optimizer "
-                  f"{megabytes(memory['optimizer_state'])}"
+            print(epoch_line(entry, args.epochs, memory)
                   + ("" if finished else f"  (stopped after step {position.step})"), flush=True)
         if finished:
             position = Position(epoch=position.epoch + 1, global_step=position.global_step,
@@ -295,13 +313,9 @@ def train(args: argparse.Namespace, comm: Communicator) -> dict:
                 for row in per_rank(comm, [memory[n] for n in names])]
     sent_per_step = [row[0] for row in per_rank(comm, [run_bytes / max(run_steps, 1)])]
     if args.out is not None and lead:
-        args.out.mkdir(parents=True, exist_ok=True)
-        params = {k: to_numpy(v) for k, v in model.state_dict().items()}
-        numpy.savez(args.out / "params.npz", **params)
-        (args.out / "metrics.json").write_text(json.dumps(
-            {"epochs": metrics, "test_accuracy": accuracy, "ranks": comm.size,
-             "memory_bytes": memories, "bytes_sent_per_step": sent_per_step,
-             "config": config}, indent=2) + "\n")
+        write_results(args.out, model, {
+            "epochs": metrics, "test_accuracy": accuracy, "ranks": comm.size,
+            "memory_bytes": memories, "bytes_sent_per_step": sent_per_step, "config": config})
     if lead:
         print(f"test accuracy: {accuracy:.2%} ({round(accuracy * len(data.y_test))}"
               f"/{len(data.y_test)})", flush=True)
