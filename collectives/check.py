@@ -52,17 +52,8 @@ COLLECTIVE_BITS = 8  # the collective's place in the list of calls; the counts' 
 
 @functools.lru_cache(maxsize=None)
 def dtype_code(dtype: numpy.dtype) -> int:
-    """The dtype's NumPy code, "<f4" or "|b1", as a non-negative int64 (numeric codes fit);
-    kept per dtype (a small message describes two, each 0.6 us to make)."""
-    code = _DTYPE_CODES.get(dtype)
-    if code is None:
-        if len(_DTYPE_CODES) >= 64:
-            _DTYPE_CODES.clear()
-        code = _DTYPE_CODES[dtype] = int.from_bytes(dtype.str.encode()[:8], "little")
-    return code
-
-
-_DTYPE_CODES: dict[numpy.dtype, int] = {}
+    """The dtype's NumPy code, "<f4" or "|b1", as a non-negative int64 (numeric codes fit)."""
+    return int.from_bytes(dtype.str.encode()[:8], "little")
 
 
 def dtype_text(code: int) -> str:

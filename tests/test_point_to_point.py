@@ -18,6 +18,7 @@ import pytest
 import cases
 import collectives
 from cases import values
+from collectives import check
 from launch import mpiexec, rank_env
 
 TIMEOUT = 3  # seconds: a rank left waiting gives up after this
@@ -63,6 +64,16 @@ def test_a_pair_on_the_general_path_meets_one_on_the_shortest_way(run):
         assert result["got"] == expected, result["got"]
         for key in ("bytes_sent", "bytes_received"):
             assert result["stats"][key] == 6 * 5 * 8, result["stats"]
+
+
+@pytest.mark.parametrize("sent, expected", [("float64", "float64"), ("int8", "complex128"),
+                                             (">f4", "bool")])
+def test_the_lane_describes_a_sendrecv_as_the_general_path_does(sent, expected):
+    """The small-message lane makes a sendrecv's words and its peer's from the numbers
+    (check.pair_said); the general path by `messages` and `mirrored`: the same words."""
+    mine, into = numpy.zeros(5, sent), numpy.zeros(3, expected)
+    said = check.messages((7, mine), (2, into))
+    assert check.pair_said(7, 2, check.pair_kind(mine, into)) == (said, check.mirrored(said))
 
 
 def test_a_small_sendrecv_goes_through_the_pair_areas_on_shm(run):

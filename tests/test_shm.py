@@ -12,6 +12,7 @@ are gone from /dev/shm afterwards.
 
 from __future__ import annotations
 
+import gc
 import inspect
 import math
 import os
@@ -96,8 +97,13 @@ def collectives_scenario(segment_bytes: str, one_shot_bytes: str, single_copy: s
                              count=count, dtype="uint16", layout="flat", root=root)
             check_everywhere(comm, world, "scatter_case", cases.check_scatter, count=count,
                              dtype="float64", root=root, given=root % 2 == 0)
+    if comm.rank < 2:  # a small sendrecv: through the pair areas
+        comm.sendrecv(numpy.arange(4.0), 1 - comm.rank)
     comm.barrier()
     comm.close()
+    gc.collect()
+    # Closed, the communicator keeps no view of any region: each mapping has gone.
+    assert not re.findall(r"/dev/shm/ringcc-", open("/proc/self/maps").read())
     print("collectives ok", flush=True)
 
 

@@ -424,8 +424,9 @@ class SlotTransport(Transport):
             raise CollectiveError(
                 f"{SHM_DIR} has {free / 2**20:.1f} MiB free, but the {self.name} transport needs "
                 f"{need / 2**20:.1f} MiB ({self.size} ranks x {nbytes / 2**20:.1f} MiB: "
-                f"{SLOTS} slots of segment_bytes={self.slot_bytes} plus 2 one-shot areas of "
-                f"{self._area_bytes} B); pass a smaller segment_bytes, enlarge {SHM_DIR} "
+                f"{SLOTS} slots of segment_bytes={self.slot_bytes}, 2 one-shot areas of "
+                f"{self._area_bytes} B and the pair areas); pass a smaller segment_bytes, "
+                f"enlarge {SHM_DIR} "
                 f"(docker run --shm-size=...), or use transport='mpi'")
 
     # ---- the protocol -----------------------------------------------------------------------
@@ -1128,7 +1129,7 @@ class SlotTransport(Transport):
             self._ctl, self._own, self._data, self._slots = [], None, [], []
             self._exchanges = {}
             self._registered, self._registered_at, self._ctl_bytes = [], [], []
-            self._call_lines = []
+            self._call_lines, self._pair_out, self._pair_in = [], None, None
             if not MPI.Is_finalized():
                 self.comm.Free()
         super().close()
