@@ -124,7 +124,7 @@ from typing import Any, Callable, Iterator, Protocol
 import numpy
 from mpi4py import MPI
 
-from .base import (CALL_WORDS, MESSAGES, Exchange, Moved, ReduceOp, Transport, call_line)
+from .base import CALL_WORDS, MESSAGES, Exchange, Moved, ReduceOp, Transport, call_line
 from .bootstrap import duplicated, on_one_node, start
 from .errors import CollectiveError, InvalidArgumentError, MismatchError, PeerFailedError
 from .shared_memory import SHM_DIR, free_bytes, share_regions
@@ -414,7 +414,7 @@ class SlotTransport(Transport):
         self._pushes = [0] * size  # forwarded results pushed to each rank
         self._pending: Callable[[], None] | None = None  # the call's check, until made
         # The one-shot exchange of each (shape, dtype) seen: its views are made once.
-        self._exchanges: dict[tuple, Callable[[Any, bytes], list[Any]]] = {}
+        self._exchanges: dict[tuple, Callable[[Any, memoryview], list[Any]]] = {}
 
     def _check_room(self, nbytes: int) -> None:
         """Fail on every rank, before anything is allocated, if /dev/shm cannot hold the job."""
