@@ -74,6 +74,18 @@ class Stats:
             setattr(self, f.name, 0)
 
 
+def kept(cache: dict, key: Any, most: int, make: Callable[[], Any]) -> Any:
+    """`cache[key]`, made by `make()` the first time it is asked for; a cache that holds `most`
+    starts again (a sweep of sizes). What small calls keep: per kind, what a call of it needs
+    that does not depend on its data."""
+    value = cache.get(key)
+    if value is None:
+        if len(cache) >= most:
+            cache.clear()
+        value = cache[key] = make()
+    return value
+
+
 def _sent() -> None:
     """The wait of a send that is already whole."""
 

@@ -24,7 +24,7 @@ from typing import Any, Callable
 import numpy
 from mpi4py import MPI
 
-from .base import CALL_LINE, Exchange, Moved, ReduceOp, Transport, call_line, segments
+from .base import CALL_LINE, Exchange, Moved, ReduceOp, Transport, call_line, kept, segments
 from .bootstrap import duplicated, nodes, start
 from .cuda import copy_bytes, pinned_empty, use_gpu
 from .errors import CollectiveError, InvalidArgumentError
@@ -285,14 +285,14 @@ class MPITransport(Transport):
         # The receive is the one-shot exchange's from this peer (the same buffer and tag);
         # the packet and its send are kept per peer and size, as the one-shot's are.
         receive = landing.receives[peer if peer < self.rank else peer - 1]
-        kept = self._pair_packets.get((peer, mine.nbytes))
-        if kept is None:
+        made = self._pair_packets.get((peer, mine.nbytes))
+        if made is None:
             if len(self._pair_packets) >= KEPT_SIZES:
-                self._free_pair_packets()
+                self._free_pair_packets()  # (`kept` would drop the sends unfreed)
             packet = numpy.empty(PAIR_BYTES + mine.nbytes, numpy.uint8)
-            kept = self._pair_packets[(peer, mine.nbytes)] = (
+            made = self._pair_packets[(peer, mine.nbytes)] = (
                 packet, self.comm.Send_init(_bytes(packet), peer, TAG))
-        packet, send = kept
+        packet, send = made
         PAIR_WORDS.pack_into(packet, 0, *said)
         packet[PAIR_BYTES:] = mine.view(numpy.uint8)
         status = self._status
@@ -357,11 +357,12 @@ class MPITransport(Transport):
         input as views; a call copies its input in, starts the requests, and compares the
         headers as words.
         """
-        kept = self._exchanges.get((shape, dtype))
-        if kept is not None:
-            return kept
-        if len(self._exchanges) >= KEPT_SIZES:  # a sweep of sizes: start again
-            self._exchanges.clear()
+        return kept(self._exchanges, (shape, dtype), KEPT_SIZES,
+                    lambda: self._new_one_shot_exchange(shape, dtype))
+
+    def _new_one_shot_exchange(self, shape: tuple[int, ...],
+                               dtype: Any) -> Callable[[numpy.ndarray, memoryview], list[Any]]:
+        """`_one_shot_exchange`, made."""
         nbytes = math.prod(shape) * numpy.dtype(dtype).itemsize
         landing, rank, start_all = self._landed(), self.rank, MPI.Prequest.Startall
         headers = landing.headers
@@ -393,7 +394,6 @@ class MPITransport(Transport):
                     self._compare_lines(line, headers)  # raises
             return inputs
 
-        self._exchanges[(shape, dtype)] = exchange
         return exchange
 
     def _outgoing(self, nbytes: int) -> _Shot:

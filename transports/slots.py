@@ -124,7 +124,7 @@ from typing import Any, Callable, Iterator, Protocol
 import numpy
 from mpi4py import MPI
 
-from .base import CALL_WORDS, MESSAGES, Exchange, Moved, ReduceOp, Transport, call_line
+from .base import CALL_WORDS, MESSAGES, Exchange, Moved, ReduceOp, Transport, call_line, kept
 from .bootstrap import duplicated, on_one_node, start
 from .errors import CollectiveError, InvalidArgumentError, MismatchError, PeerFailedError
 from .shared_memory import SHM_DIR, free_bytes, share_regions
@@ -999,11 +999,12 @@ class SlotTransport(Transport):
         with a peer always ready, 1.6 us, where lines of bytes, the peers' list with this
         rank's own lines, and calls for the copy and for `settle` took 1.9.)
         """
-        kept = self._exchanges.get((shape, dtype))
-        if kept is not None:
-            return kept
-        if len(self._exchanges) >= KEPT_EXCHANGES:  # a sweep of sizes: start again
-            self._exchanges.clear()
+        return kept(self._exchanges, (shape, dtype), KEPT_EXCHANGES,
+                    lambda: self._new_one_shot_exchange(shape, dtype))
+
+    def _new_one_shot_exchange(self, shape: tuple[int, ...],
+                               dtype: Any) -> Callable[[Any, memoryview], list[Any]]:
+        """`_one_shot_exchange`, made."""
         nbytes = math.prod(shape) * numpy.dtype(dtype).itemsize
         areas = [[d[lo:lo + nbytes].view(dtype).reshape(shape) for d in self._data]
                  for lo in (SLOTS * self.slot_bytes + area * self._area_bytes
@@ -1042,7 +1043,6 @@ class SlotTransport(Transport):
                     self._compare_lines(line, theirs)  # raises
             return areas[turn & 1]
 
-        self._exchanges[(shape, dtype)] = exchange
         return exchange
 
     def _answer_messages(self, line: memoryview, theirs: list[Any]) -> None:
