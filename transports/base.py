@@ -421,9 +421,8 @@ class Transport(ABC):
         line = call_line((0, *call) if call else None, nbytes)
         # What each call counts. (No prepared one-shot exchange crosses nodes: a transport that
         # spans them takes the general way there, which counts those bytes apart.)
-        moved = moved if moved is not None else self.every_peer(nbytes)
-        sent, received = sum(m[0] for m in moved), sum(m[2] for m in moved)
-        messages = sum(1 for m in moved if m[0])
+        sent, received, messages, _, _ = self._sums(moved if moved is not None
+                                                    else self.every_peer(nbytes))
         stats = self.stats
 
         def exchange(buf: Any, number: int) -> list[Any]:
@@ -450,11 +449,8 @@ class Transport(ABC):
         once (a small call feels each addition); nothing if None."""
         if not moved:
             return lambda: None
-        stats, off = self.stats, self.off_node
-        sent, received = sum(m[0] for m in moved), sum(m[2] for m in moved)
-        messages = sum(1 for m in moved if m[0])
-        across_sent = sum(m[0] for m in moved if m[1] in off)
-        across_received = sum(m[2] for m in moved if m[3] in off)
+        stats = self.stats
+        sent, received, messages, across_sent, across_received = self._sums(moved)
 
         def tally() -> None:
             stats.bytes_sent += sent
@@ -464,6 +460,14 @@ class Transport(ABC):
                 stats.inter_node_bytes_sent += across_sent
                 stats.inter_node_bytes_received += across_received
         return tally
+
+    def _sums(self, moved: list[Moved]) -> tuple[int, int, int, int, int]:
+        """What `moved` adds to `stats`: bytes sent, bytes received, messages, and the bytes
+        sent to and received from other nodes."""
+        off = self.off_node
+        return (sum(m[0] for m in moved), sum(m[2] for m in moved),
+                sum(1 for m in moved if m[0]), sum(m[0] for m in moved if m[1] in off),
+                sum(m[2] for m in moved if m[3] in off))
 
     def count(self, sendbuf: Any | None, dst: int | None, recvbuf: Any | None,
               src: int | None) -> None:
