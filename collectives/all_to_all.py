@@ -37,6 +37,8 @@ from typing import Any
 
 from transports.base import Transport
 
+from .blocks import own_blocks
+
 
 def pairwise_all_to_all(transport: Transport, mine: Any, work: Any,
                         send_bounds: list[tuple[int, int]],
@@ -82,7 +84,8 @@ def one_shot_all_to_all(transport: Transport, mine: Any, work: Any,
     rank, size = transport.rank, transport.size
     transport.at("one-shot")
     mine_lo, mine_hi = bounds[rank]
-    inputs = transport.all_inputs(mine, counted=False)
+    inputs = transport.all_inputs(mine, counted=False,
+                                  reads=own_blocks(bounds, rank, mine.itemsize))
     for step in range(1, size):
         dst, src = (rank + step) % size, (rank - step) % size
         transport.count(mine[slice(*bounds[dst])], dst, work[slice(*bounds[src])], src)

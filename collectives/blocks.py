@@ -50,6 +50,14 @@ def equal(block: int, size: int) -> Bounds:
     return tuple((r * block, (r + 1) * block) for r in range(size))
 
 
+def own_blocks(bounds: Bounds, rank: int, itemsize: int) -> tuple[tuple[int, int], ...]:
+    """What `rank` takes of every rank's input to a one-shot all-to-all or reduce-scatter
+    (each input a block per rank at `bounds`): the bytes of its own block, of each
+    (`Transport.all_inputs`' `reads`)."""
+    lo, hi = bounds[rank]
+    return ((lo * itemsize, hi * itemsize),) * len(bounds)
+
+
 def gathered(collective: str, counts: Any | None, sendbuf: Any, size: int,
              rank: int) -> tuple[tuple[int, ...] | None, Bounds, tuple[int, ...]]:
     """(counts checked, bounds, the result's shape) of a collective that puts every rank's

@@ -23,6 +23,7 @@ from typing import Any
 
 from transports.base import ReduceOp, Transport
 
+from .blocks import own_blocks
 from .all_reduce import reduce_in_rank_order
 from .ring import reduce_scatter_pass
 from .two_shot import reduce_own_chunk
@@ -52,7 +53,8 @@ def one_shot_reduce_scatter(transport: Transport, mine: Any, op: ReduceOp, avera
     two or more ranks. Counted as the ring is: one block to and from each peer."""
     rank, size = transport.rank, transport.size
     transport.at("one-shot")
-    inputs = transport.all_inputs(mine, counted=False)
+    inputs = transport.all_inputs(mine, counted=False,
+                                  reads=own_blocks(bounds, rank, mine.itemsize))
     for step in range(1, size):
         dst, src = (rank + step) % size, (rank - step) % size
         transport.count(mine[slice(*bounds[dst])], dst, out, src)

@@ -42,13 +42,13 @@ from typing import Any, Callable
 
 import numpy
 
-from transports.base import Moved
+from transports.base import Moved, Reads
 from transports.errors import CallsDiffer, MismatchError
 
 from .all_reduce import reduce_in_rank_order
 from .arguments import NUMERIC, output
 from .arrays import overlap
-from .blocks import equal
+from .blocks import equal, own_blocks
 from .check import MessagesDiffer, judge_pair, pair_kind, pair_said
 from .point_to_point import MessageName
 from .scan import finish, prefix
@@ -56,6 +56,10 @@ from .scatter import (LENGTH, blank, describe, description_bytes, inline_bytes,
                       receive_described, send_blocks)
 
 KINDS_KEPT = 64  # kinds of call remembered; more means a sweep of sizes, so start again
+# An all-to-all's blocks from this size are placed where they belong by the exchange, which
+# may read them straight there (transports/slots.py, "Inputs read in place"); below it, a few
+# views cost a call more than its data.
+PLACED_BYTES = 64 << 10
 GENERAL = object()  # what a lane returns for a call it leaves to the general path
 
 
@@ -177,7 +181,8 @@ def small_reduce_scatter(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None,
     key = ("reduce_scatter", op, sendbuf.dtype, sendbuf.shape)
     kind = comm._small_calls.get(key) or _learn(
         comm, key, "reduce_scatter", sendbuf, op,
-        moved=transport.every_peer(sendbuf.nbytes // transport.size))
+        moved=transport.every_peer(sendbuf.nbytes // transport.size),
+        reads=_own_blocks(comm, sendbuf))
     block = sendbuf.shape[1:]
     if kind is None or recvbuf is not None and not _fits(recvbuf, block, sendbuf.dtype):
         return GENERAL
@@ -197,12 +202,18 @@ def small_all_to_all(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None) -> 
     key = ("all_to_all", sendbuf.dtype, sendbuf.shape)
     kind = comm._small_calls.get(key) or _learn(
         comm, key, "all_to_all", sendbuf,
-        moved=transport.every_peer(sendbuf.nbytes // transport.size))
+        moved=transport.every_peer(sendbuf.nbytes // transport.size),
+        reads=_own_blocks(comm, sendbuf))
     if kind is None or recvbuf is not None and not _fits(recvbuf, sendbuf.shape, sendbuf.dtype):
         return GENERAL
-    inputs = _exchange(comm, kind[2], sendbuf)
     rank = transport.rank
     result = numpy.empty(sendbuf.shape, sendbuf.dtype) if recvbuf is None else recvbuf
+    if sendbuf.nbytes >= PLACED_BYTES and result.flags.c_contiguous \
+            and not numpy.may_share_memory(result, sendbuf):  # (peers read sendbuf meanwhile)
+        _exchange(comm, kind[2], sendbuf, [block.reshape(-1).view(numpy.uint8)
+                                           for block in result])
+        return result
+    inputs = _exchange(comm, kind[2], sendbuf)
     for source, theirs in enumerate(inputs):
         result[source] = theirs[rank]
     return result
@@ -371,11 +382,12 @@ def _open(comm: Any, sendbuf: numpy.ndarray) -> bool:
 
 
 def _learn(comm: Any, key: tuple, collective: str, sendbuf: numpy.ndarray,
-           op: str | None = None, root: int = -1,
-           moved: list[Moved] | None = None) -> tuple[Any, bool, Any] | None:
+           op: str | None = None, root: int = -1, moved: list[Moved] | None = None,
+           reads: Reads | None = None) -> tuple[Any, bool, Any] | None:
     """What the lane keeps of a kind of call (`key`): its ufunc (None without an op), whether
-    it averages, and its exchange, prepared with the descriptor but its number and what each
-    call counts in `stats` (`transport.prepare_all_inputs`). None until the general path has
+    it averages, and its exchange, prepared with the descriptor but its number, what each
+    call counts in `stats`, and which bytes of each input the lane takes (None: all; see
+    `transport.prepare_all_inputs`). None until the general path has
     resolved the op for the dtype, and for a dtype the general path refuses: it raises."""
     dtype = sendbuf.dtype
     if op is not None:
@@ -391,7 +403,7 @@ def _learn(comm: Any, key: tuple, collective: str, sendbuf: numpy.ndarray,
     call = comm._descriptor(collective, sendbuf.size, dtype, op, root) \
         if comm._checking else None
     kind = comm._small_calls[key] = (ufunc, op == "avg", comm._transport.prepare_all_inputs(
-        sendbuf.shape, dtype, collective, call, moved))
+        sendbuf.shape, dtype, collective, call, moved, reads))
     return kind
 
 
@@ -416,11 +428,13 @@ def _learn_scatter(comm: Any, key: tuple, root: int, block: tuple[int, ...],
     return kind
 
 
-def _exchange(comm: Any, exchange: Any, sendbuf: numpy.ndarray) -> list[numpy.ndarray]:
-    """Number the call and make its exchange: every rank's input, in rank order."""
+def _exchange(comm: Any, exchange: Any, sendbuf: numpy.ndarray,
+              into: list[Any] | None = None) -> Any:
+    """Number the call and make its exchange: every rank's input, in rank order; or, `into`
+    given, the bytes this rank takes of each placed there (`transport.prepare_all_inputs`)."""
     comm._calls = number = comm._calls + 1
     try:
-        return exchange(sendbuf, number)
+        return exchange(sendbuf, number, into)
     except CallsDiffer as differ:  # every rank raises it, and every message has landed
         raise MismatchError(comm._disagreement(differ.calls)) from None
     except BaseException as error:  # messages may be in flight: no more calls
@@ -475,6 +489,14 @@ def _one_way(comm: Any, root: int, nbytes: int, to_root: bool) -> list[Moved]:
         return [(0, -1, nbytes, peer) for peer in peers] if to_root else \
             [(nbytes, peer, 0, -1) for peer in peers]
     return [(nbytes, root, 0, -1)] if to_root else [(0, -1, nbytes, root)]
+
+
+def _own_blocks(comm: Any, sendbuf: numpy.ndarray) -> Reads:
+    """What a lane takes of each input to an exchange of `sendbuf`s of a block per rank: its
+    own block (`own_blocks`)."""
+    size = comm._transport.size
+    return own_blocks(equal(sendbuf.size // size, size), comm._transport.rank,
+                      sendbuf.itemsize)
 
 
 def _up_the_ranks(comm: Any, nbytes: int) -> list[Moved]:

@@ -18,6 +18,10 @@ from typing import Any
 
 import numpy
 
+from collectives import small
+from collectives.small import PLACED_BYTES
+from transports.slots import READ, WORDS
+
 DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
           "float16", "float32", "float64", "complex64", "complex128")
 LAYOUTS = ("flat", "matrix", "strided")
@@ -478,7 +482,34 @@ LANES = ("broadcast", "gather", "all_gather", "reduce", "reduce_scatter", "all_t
 LARGE_BLOCK = 1200
 
 
-def small_lanes_case(comm: Any, dtype: str, op: str) -> dict:
+def small_lanes_case(comm: Any, dtype: str, op: str, read_in_place: bool = False) -> dict:
+    """`_small_lanes`; with `read_in_place`, every exchange that can read its inputs in place
+    does, whatever its size (transports/slots.py, "Inputs read in place"), and the all-to-all
+    lane places its blocks from any size; then also how many such exchanges each rank made
+    (None: the transport cannot read a peer's memory)."""
+    transport = comm._transport
+    if not read_in_place:
+        return _small_lanes(comm, dtype, op)
+    can_read = getattr(transport, "single_copy", False)
+    reads_from = getattr(transport, "reads_inputs_from", None)
+    comm._small_calls.clear()  # (lanes keep their exchanges)
+    if can_read:  # (on ranks that share cores too)
+        transport.reads_inputs_from = 1
+    small.PLACED_BYTES = 1
+    read_before = transport._own[READ * WORDS] if can_read else 0
+    try:
+        out = _small_lanes(comm, dtype, op)
+    finally:
+        comm._small_calls.clear()
+        small.PLACED_BYTES = PLACED_BYTES
+        if can_read:
+            transport.reads_inputs_from = reads_from
+    out["read in place"] = None if not can_read else \
+        transport._own[READ * WORDS] - read_before
+    return out
+
+
+def _small_lanes(comm: Any, dtype: str, op: str) -> dict:
     """Each call that has a small-call lane (collectives/small.py) besides all_reduce (a
     sendrecv around the ring too), once its kind is known: by the lane, by the general path
     (`comm._<name>`) for the same call, into a recvbuf, into a strided one, in place where

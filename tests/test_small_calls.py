@@ -102,6 +102,30 @@ def test_every_lane_gives_the_general_paths_result_bitwise_and_counts_the_same(r
             assert got.get("returned_into", True), name
 
 
+@pytest.mark.parametrize("dtype, op", KINDS[:2])
+def test_every_lane_is_right_with_its_inputs_read_in_place(run, dtype, op):
+    """As above, with every one-shot exchange that can read its inputs in place doing so
+    (transports/slots.py, "Inputs read in place": the all-to-all's and the reduce-scatter's,
+    where direct reads work), and the all-to-all lane placing its blocks straight in its
+    result: the same results, bitwise the general path's, in every form, rank 0 on the
+    general path meeting the others' lanes; and on shm, where a rank can read its peers'
+    memory, the inputs were read in place."""
+    want = lane_references(dtype, op)
+    for rank, outcome in enumerate(run("small_lanes_case", SIZE, "one_shot", dtype=dtype,
+                                       op=op, read_in_place=True)):
+        for name in ("reduce_scatter", "all_to_all"):
+            got = outcome[name]
+            lane, general = got["lane"], got["general"]
+            assert lane[1:] == general[1:], name
+            assert_matches(lane[0], want[name][rank], dtype)
+            assert lane[0].tobytes() == general[0].tobytes(), name
+            for form in ("into", "into_strided", "in_place", "mixed"):
+                if form in got:
+                    assert numpy.array_equal(got[form], lane[0]), (name, form)
+        if outcome["read in place"] is not None:  # (shm, with direct reads)
+            assert outcome["read in place"] >= 10, outcome["read in place"]
+
+
 def test_prepared_exchanges_outlive_a_sweep_of_more_sizes_than_the_transport_keeps(run):
     """The lane keeps each kind's exchange prepared (`prepare_all_inputs`); the transport keeps
     fewer packets than that. Cycling through more sizes than it keeps, every result is right."""

@@ -34,10 +34,13 @@ from .errors import (CallsDiffer, CollectiveError, CollectiveTimeoutError, Inval
 
 # A reduction is a binary ufunc of the array module: op(mine, incoming, out=acc).
 ReduceOp = Callable[..., Any]
-# A prepared all_inputs (`Transport.prepare_all_inputs`): exchange(buf, number) -> inputs.
-Exchange = Callable[[Any, int], list]
+# A prepared all_inputs (`Transport.prepare_all_inputs`): exchange(buf, number) -> inputs, or
+# exchange(buf, number, into), the bytes each rank takes placed in `into`.
+Exchange = Callable[..., Any]
 # What one transfer of a collective counts in `stats`: (bytes sent, to, bytes received, from).
 Moved = tuple[int, int, int, int]
+# Which bytes of each rank's input a rank takes out of an exchange, per rank: [lo, hi).
+Reads = tuple[tuple[int, int], ...]
 
 DEFAULT_SEGMENT_BYTES = 1 << 20
 CALL_WORDS = 6  # a call's descriptor: six non-negative integers (collectives/check.py)
@@ -84,6 +87,15 @@ def kept(cache: dict, key: Any, most: int, make: Callable[[], Any]) -> Any:
             cache.clear()
         value = cache[key] = make()
     return value
+
+
+def place(inputs: list[Any], reads: Reads | None, into: list[Any]) -> None:
+    """into[r] = the bytes `reads[r]` of inputs[r] (all of them where `reads` is None), for
+    every rank r (an exchange given `into`: `Transport.prepare_all_inputs`)."""
+    for r, theirs in enumerate(inputs):
+        lo, hi = (0, theirs.nbytes) if reads is None else reads[r]
+        if lo < hi:
+            into[r][...] = theirs.reshape(-1).view(numpy.uint8)[lo:hi]
 
 
 def _sent() -> None:
@@ -342,14 +354,17 @@ class Transport(ABC):
         a whole send may wait for its receiver."""
         return 0
 
-    def all_inputs(self, buf: Any, counted: bool = True) -> list[Any]:
+    def all_inputs(self, buf: Any, counted: bool = True,
+                   reads: Reads | None = None) -> list[Any]:
         """Every rank's `buf`, in rank order.
 
         Every rank calls it with a contiguous buffer of the same shape and dtype; the arrays
         returned have that shape too. They never alias `buf` (so `buf` may be overwritten while
         they are read), and stay valid only until this rank's next collective: read them before
         returning. Uncounted, the exchange stays out of `stats` and traces: the call check uses
-        it, so that they show only the collectives' own traffic.
+        it, so that they show only the collectives' own traffic. `reads`: which bytes of each
+        input this rank takes (`prepare_all_inputs`); every rank of the call says the same of
+        its own, or none does.
         """
         if not buf.flags.c_contiguous:
             raise ValueError("transports move contiguous arrays only")
@@ -362,18 +377,18 @@ class Transport(ABC):
             stats.bytes_sent += peers * nbytes
             stats.bytes_received += peers * nbytes
             stats.messages += peers
-            return self._all_inputs(buf, call)
+            return self._all_inputs(buf, call, reads)
         if not peers or (not nbytes and call is None):
             return [buf.copy() for _ in range(self.size)]
         if not counted or not nbytes:
-            return self._all_inputs(buf, call)
+            return self._all_inputs(buf, call, reads)
         records = []  # while tracing: one exchange, so its records span it alike
         for step in range(1, self.size):
             record = self._count("copy", buf, (self.rank + step) % self.size,
                                  buf, (self.rank - step) % self.size)
             if record is not None:
                 records.append(record)
-        inputs = self._all_inputs(buf, call)
+        inputs = self._all_inputs(buf, call, reads)
         if records:
             start, end = records[0]["start"], time.perf_counter()
             for record in records:
@@ -381,8 +396,8 @@ class Transport(ABC):
         return inputs
 
     def prepare_all_inputs(self, shape: tuple[int, ...], dtype: Any, collective: str,
-                           call: tuple[int, ...] | None,
-                           moved: list[Moved] | None = None) -> Exchange:
+                           call: tuple[int, ...] | None, moved: list[Moved] | None = None,
+                           reads: Reads | None = None) -> Exchange:
         """`all_inputs` made ready for a run of calls of one `collective` on inputs of one
         `shape` and `dtype`, as MPI's persistent collectives (`MPI_Allreduce_init`) are: what
         does not depend on the data is worked out once, so a call only moves it. Small calls
@@ -393,31 +408,40 @@ class Transport(ABC):
         returns `all_inputs(buf)`, for a contiguous `buf` of that shape and dtype. `moved`
         says what each call counts in `stats`, as the collective's own path would (a root
         that only sends, say); None: what `all_inputs` counts, every input to and from every
-        peer. Here it is just that; a transport with a leaner way overrides this.
+        peer. `reads` says which bytes of each input this rank takes, per rank [lo, hi) (None:
+        all): the others may be left unmoved (slots.py, "Inputs read in place").
+        `exchange(buf, number, into)` instead lands the bytes that `reads` names of rank r's
+        input in `into[r]` (flat bytes of that length, overlapping no byte of `buf` a peer
+        reads), where a transport may read them straight there, and returns None. Here it
+        is just that; a transport with a leaner way overrides this.
         """
         tally = self._tally(moved)
 
-        def exchange(buf: Any, number: int) -> list[Any]:
+        def exchange(buf: Any, number: int, into: list[Any] | None = None) -> Any:
             self.begin(f"{collective} #{number}", None if call is None else (number, *call),
                        "one-shot")
             if moved is None:
-                return self.all_inputs(buf)
-            inputs = self.all_inputs(buf, counted=False)
-            tally()
-            return inputs
+                inputs = self.all_inputs(buf, reads=reads)
+            else:
+                inputs = self.all_inputs(buf, counted=False, reads=reads)
+                tally()
+            return inputs if into is None else place(inputs, reads, into)
         return exchange
 
     def _prepare_one_shot(self, shape: tuple[int, ...], dtype: Any, collective: str,
                           call: tuple[int, ...] | None, moved: list[Moved] | None,
-                          move: Callable[[Any, memoryview], list[Any]]) -> Exchange:
+                          move: Callable[..., Any], reads: Reads | None) -> Exchange:
         """A prepared exchange (`prepare_all_inputs`) around a transport's one-shot exchange,
-        `move(buf, line)`, which sends `buf` with its `CALL_LINE` and returns every rank's
-        input: the line is packed once, and a call writes only its number into it; the call is
-        named (formatted only for a message) and counted as `begin` and `all_inputs` would,
-        written out (at 8 B, each call of a function costs a tenth of a microsecond or more). A
-        traced or watched call goes the general way, which records it."""
+        `move(buf, line, into)`, which sends `buf` with its `CALL_LINE` and returns every
+        rank's input (placed here where `into` is given), or None having placed the bytes
+        `reads` names in `into` itself: the line is packed once, and a call writes only its
+        number into it; the call is named (formatted only for a message) and counted as
+        `begin` and `all_inputs` would, written out (at 8 B, each call of a function costs a
+        tenth of a microsecond or more). A traced or watched call goes the general way, which
+        records it."""
         nbytes = math.prod(shape) * numpy.dtype(dtype).itemsize
-        general = Transport.prepare_all_inputs(self, shape, dtype, collective, call, moved)
+        general = Transport.prepare_all_inputs(self, shape, dtype, collective, call, moved,
+                                               reads)
         line = call_line((0, *call) if call else None, nbytes)
         # What each call counts. (No prepared one-shot exchange crosses nodes: a transport that
         # spans them takes the general way there, which counts those bytes apart.)
@@ -425,9 +449,9 @@ class Transport(ABC):
                                                     else self.every_peer(nbytes))
         stats = self.stats
 
-        def exchange(buf: Any, number: int) -> list[Any]:
+        def exchange(buf: Any, number: int, into: list[Any] | None = None) -> Any:
             if self.trace is not None or self.on_transfer is not None:
-                return general(buf, number)
+                return general(buf, number, into)
             self._what, self._number = collective, number
             self.phase, self.step, self._call = "one-shot", 0, None
             if call is not None:
@@ -435,7 +459,8 @@ class Transport(ABC):
             stats.bytes_sent += sent
             stats.bytes_received += received
             stats.messages += messages
-            return move(buf, line)
+            inputs = move(buf, line, into)
+            return inputs if into is None or inputs is None else place(inputs, reads, into)
         return exchange
 
     def every_peer(self, nbytes: int) -> list[Moved]:
@@ -545,9 +570,10 @@ class Transport(ABC):
         for lo, hi in segments(sendbuf.size, sendbuf.itemsize, self.segment_bytes):
             self._sendrecv(sendbuf[lo:hi], dst, None, None)
 
-    def _all_inputs(self, buf: Any, call: tuple[int, ...] | None) -> list[Any]:
+    def _all_inputs(self, buf: Any, call: tuple[int, ...] | None,
+                    reads: Reads | None = None) -> list[Any]:
         """The descriptors first, when a call is carried, then the data: two exchanges where a
-        transport that can carry both at once takes one."""
+        transport that can carry both at once takes one (every input moves whole)."""
         if call is not None:
             calls = [tuple(c.tolist()) for c in self._exchange(self.xp.array(call, "u8"))]
             if calls.count(call) != self.size:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .base import ReduceOp, Transport
+from .base import Reads, ReduceOp, Transport
 from .errors import InvalidArgumentError
 
 
@@ -172,8 +172,9 @@ class HierarchicalTransport(Transport):
     def _send_reduced(self, sendbuf: Any, dst: int) -> None:
         self.world._send_reduced(sendbuf, dst)
 
-    def _all_inputs(self, buf: Any, call: tuple[int, ...] | None) -> list[Any]:
-        return self.world._all_inputs(buf, call)
+    def _all_inputs(self, buf: Any, call: tuple[int, ...] | None,
+                    reads: Reads | None = None) -> list[Any]:
+        return self.world._all_inputs(buf, call, reads)
 
     def _barrier(self) -> None:
         self.world._barrier()

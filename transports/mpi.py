@@ -24,7 +24,7 @@ from typing import Any, Callable
 import numpy
 from mpi4py import MPI
 
-from .base import CALL_LINE, Exchange, Moved, ReduceOp, Transport, call_line, kept, segments
+from .base import CALL_LINE, Exchange, Moved, Reads, ReduceOp, Transport, call_line, kept, segments
 from .bootstrap import duplicated, nodes, start
 from .cuda import copy_bytes, pinned_empty, use_gpu
 from .errors import CollectiveError, InvalidArgumentError
@@ -316,7 +316,8 @@ class MPITransport(Transport):
         self._count("copy", mine, peer, into, peer)
         return True
 
-    def _all_inputs(self, buf: Any, call: tuple[int, ...] | None) -> list[Any]:
+    def _all_inputs(self, buf: Any, call: tuple[int, ...] | None,
+                    reads: Reads | None = None) -> list[Any]:
         """One message per peer carries a header, the call's descriptor (zeros when no call is
         checked) and the size of the input, and, when the input is small (up to
         `one_shot_bytes`), the input too (`_one_shot_exchange`): a small call checks itself
@@ -333,22 +334,24 @@ class MPITransport(Transport):
         return inputs if self.xp is numpy else [self.xp.asarray(i) for i in inputs]
 
     def prepare_all_inputs(self, shape: tuple[int, ...], dtype: Any, collective: str,
-                           call: tuple[int, ...] | None,
-                           moved: list[Moved] | None = None) -> Exchange:
+                           call: tuple[int, ...] | None, moved: list[Moved] | None = None,
+                           reads: Reads | None = None) -> Exchange:
         """The one-shot exchange (`_one_shot_exchange`) with the call's naming, counting and
-        header worked out beforehand (`_prepare_one_shot`)."""
+        header worked out beforehand (`_prepare_one_shot`). Every input moves whole (`reads`
+        is not needed)."""
         nbytes = math.prod(shape) * numpy.dtype(dtype).itemsize
         if (self.xp is not numpy or not 0 < nbytes <= self.one_shot_bytes or self.size == 1
                 or self.off_node):  # (across nodes, the general way counts those bytes apart)
-            return super().prepare_all_inputs(shape, dtype, collective, call, moved)
+            return super().prepare_all_inputs(shape, dtype, collective, call, moved, reads)
         return self._prepare_one_shot(shape, dtype, collective, call, moved,
-                                      self._one_shot_exchange(shape, dtype))
+                                      self._one_shot_exchange(shape, dtype), reads)
 
     def _one_shot_exchange(self, shape: tuple[int, ...],
                            dtype: Any) -> Callable[[numpy.ndarray, memoryview], list[Any]]:
         """exchange(host, line): send the header `line` (`call_line`) and `host` (of `shape`
         and `dtype`, on the host) to every peer in one packet, and take each peer's; return
-        every rank's input, views within the packets, valid until the next call. CallsDiffer,
+        every rank's input, views within the packets, valid until the next call (`into` is
+        placed out of them by the caller, `_prepare_one_shot`). CallsDiffer,
         or MismatchError, if a peer's header differs. Each receive has room for the largest
         such packet, so a peer whose call differs cannot overrun it.
 
@@ -368,7 +371,8 @@ class MPITransport(Transport):
         headers = landing.headers
         held: list[Any] = []  # the packet (a `_Shot`) and every rank's input within the packets
 
-        def exchange(host: numpy.ndarray, line: memoryview) -> list[Any]:
+        def exchange(host: numpy.ndarray, line: memoryview,
+                     into: list[Any] | None = None) -> list[Any]:
             if not held or held[0].freed:  # (calls of other sizes may have pushed it out)
                 shot = self._outgoing(CALL_LINE.size + nbytes)
                 views = [b[CALL_LINE.size:CALL_LINE.size + nbytes] for b in landing.buffers]
