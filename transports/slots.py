@@ -98,9 +98,10 @@ part. It then counts the turn in its read line, and returns once every peer's ha
 it: they were reading its input. Measured on 2 ranks (README, "A second machine"), a 1 MiB
 all-to-all took 1.4x-1.6x MPICH's time where through the areas it took 2.9x-3.4x; inputs
 taken whole (an all-reduce's) stayed faster through the areas, whose reader reduces straight
-out of them, and below 1 MiB the areas, which stay in the caches, were faster. The choice follows from
-the size and `reads`, which every rank of a call says alike (its own block of each input),
-so all take the same one; the general path passes the same `reads` as the lane.
+out of them, and below 1 MiB the areas, which stay in the caches, were faster. The choice
+follows from the size and `reads`, which every rank of a call says alike (its own block of
+each input), so all take the same one; the general path passes the same `reads` as the
+lane.
 
 Folded checks. A call whose check is handed over (`check_first`) makes it in its first
 exchange: the rank first publishes what fits in its free slots, then checks (every rank's call
