@@ -20,7 +20,8 @@ import numpy
 
 from collectives import small
 from collectives.small import PLACED_BYTES
-from transports.slots import READ, WORDS
+from transports.errors import MismatchError
+from transports.slots import IN_PLACE, INLINE, READ, WORDS
 
 DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
           "float16", "float32", "float64", "complex64", "complex128")
@@ -298,19 +299,63 @@ def pair_areas_case(comm: Any) -> dict:
     if rank > 1:
         return {"got": got, "through_areas": None, "transport": comm.transport}
     transport, taken = comm._transport, []
-    through = getattr(transport, "_through_pair_areas", None)
+    through = getattr(transport, "_through_pair_lines", None)
     if through is not None and transport._pair_out is not None:
         def counted(*args: Any) -> Any:
-            taken.append(args[0].nbytes)
+            if args[-1] == INLINE:
+                taken.append(args[0].nbytes)
             return through(*args)
-        transport._through_pair_areas = counted
+        transport._through_pair_lines = counted
     try:
         for count in (1, 512, 513):
             got.append(comm.sendrecv(values(rank, count, "float64"), 1 - rank).tolist())
     finally:
-        transport.__dict__.pop("_through_pair_areas", None)
+        transport.__dict__.pop("_through_pair_lines", None)
     return {"got": got, "through_areas": taken if through is not None else None,
             "transport": comm.transport}
+
+
+def pair_in_place_case(comm: Any) -> dict:
+    """Sendrecvs between ranks 0 and 1 with their messages read in place wherever they can be
+    (shm with direct reads: `pairs_read_from` lowered to a byte, on ranks that share cores
+    too): of 1, 512 and 1 << 15 float64; one where rank 1 takes the general way (the peer
+    meets it through the slots); one where rank 0 sends an element too many (both raise);
+    then one more. Returns what each rank received or raised, and how many messages went in
+    place (None: not shm, or no direct reads)."""
+    rank, got = comm.rank, []
+    transport = comm._transport
+    if rank > 1:
+        return {"got": got, "in_place": None}
+    can_read = getattr(transport, "single_copy", False)
+    reads_from, through, taken = getattr(transport, "pairs_read_from", None), None, []
+    if can_read:
+        transport.pairs_read_from = 1
+        through = transport._through_pair_lines
+
+        def counted(*args: Any) -> Any:
+            taken.append(args[-1])
+            return through(*args)
+        transport._through_pair_lines = counted
+    try:
+        for count in (1, 512, 1 << 15):
+            got.append(comm.sendrecv(values(rank, count, "float64"), 1 - rank).tolist())
+        mine, into = values(rank, 100, "float64"), numpy.zeros(100)
+        if rank == 1:
+            comm._sendrecv(mine, 0, into, 0)  # the general way
+        else:
+            comm.sendrecv(mine, 1, into)
+        got.append(into.tolist())
+        try:
+            comm.sendrecv(values(rank, 7 + (rank == 0), "float64"), 1 - rank, numpy.zeros(7))
+            got.append("no error")
+        except MismatchError as error:
+            got.append(type(error).__name__)
+        got.append(comm.sendrecv(values(rank, 9, "float64"), 1 - rank).tolist())
+    finally:
+        if can_read:
+            transport.pairs_read_from = reads_from
+            del transport._through_pair_lines
+    return {"got": got, "in_place": taken.count(IN_PLACE) if can_read else None}
 
 
 def ring_mismatch_case(comm: Any, count: int) -> dict:

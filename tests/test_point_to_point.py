@@ -89,6 +89,21 @@ def test_a_small_sendrecv_goes_through_the_pair_areas_on_shm(run):
             assert result["through_areas"] == [8, 4096], result["through_areas"]
 
 
+def test_a_sendrecv_read_in_place_meets_every_way_its_peer_sends(run):
+    """On shm with direct reads, a pair's messages read in place (slots.py, "Pair messages
+    read in place", here from any size): right at every size, against a peer on the general
+    way (through the slots), and a mismatch raises on both ranks, after which the next
+    message is right. Right on every transport."""
+    for rank, result in enumerate(run("pair_in_place_case", 3, "auto")):
+        if rank == 2:
+            continue
+        peer = 1 - rank
+        want = [values(peer, count, "float64").tolist() for count in (1, 512, 1 << 15, 100)]
+        assert result["got"] == want + ["MismatchError", values(peer, 9, "float64").tolist()]
+        if result["in_place"] is not None:  # every lane's call (rank 1 took one the general way)
+            assert result["in_place"] == 6 - rank, result["in_place"]
+
+
 @pytest.mark.parametrize("count", [6, 1 << 17])
 def test_a_sendrecv_moves_the_half_whose_pair_agreed(run, count):
     """A ring shift on 3 ranks where only ranks 0 and 1 disagree (rank 0 sends one element
