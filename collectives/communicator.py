@@ -687,7 +687,7 @@ class Communicator:
         it, a transport finds a wrong size where it can (shm, threads), and the mpi transport
         raises a CollectiveError, from MPI's own, for a message longer than its receive buffer.
         """
-        if self._small(buf, async_op) and small_message(self, buf, dst, None, None) \
+        if self._lane_message(buf, async_op) and small_message(self, buf, dst, None, None) \
                 is not GENERAL:
             return None
         return self._send(buf, dst, async_op=async_op)
@@ -699,7 +699,7 @@ class Communicator:
 
     def recv(self, buf: Any, src: int, *, async_op: bool = False) -> Any:
         """Receive what rank `src` sends into `buf` (filled flat); returns `buf`. See `send`."""
-        if self._small(buf, async_op):
+        if self._lane_message(buf, async_op):
             result = small_message(self, None, None, buf, src)
             if result is not GENERAL:
                 return result
@@ -720,7 +720,7 @@ class Communicator:
         for the check.
         """
         src = dst if src is None else src
-        if self._small(sendbuf, async_op):
+        if self._lane_message(sendbuf, async_op):
             result = small_message(self, sendbuf, dst, recvbuf, src)
             if result is not GENERAL:
                 return result
@@ -908,4 +908,12 @@ class Communicator:
         """Whether a call on `buf` may take the small-call lane (small.py): blocking, on a
         NumPy array of at most `one_shot_bytes` (none on one rank), more than zero."""
         return not async_op and type(buf) is numpy.ndarray and 0 < buf.nbytes <= self._small_bytes
+
+    def _lane_message(self, buf: Any, async_op: bool) -> bool:
+        """Whether a message of `buf` may take the small-call lane (small.py), whatever its
+        size: blocking, on a NumPy array of more than zero bytes, where calls may (a transport
+        of NumPy arrays, more than one rank). A lane's message makes the general path's own
+        moves, or the transport's shortest way (a pair's messages read in place on shm)."""
+        return not async_op and type(buf) is numpy.ndarray and buf.nbytes > 0 \
+            and self._small_bytes > 0
 
