@@ -31,8 +31,10 @@ counts (README, "Small calls"). Anything else (a strided input, a recvbuf of ano
 dtype, a first call of its kind, an async call) goes the general path, which also raises the
 errors: the lane never decides what is wrong, only what is plain.
 
-Messages (send, recv, sendrecv: `small_message`) take a shorter lane: their arguments seen
-plain, then the general path's own moves (`Communicator._message`), without the decorator.
+Messages (send, recv, sendrecv: `small_message`) take a shorter lane, at any size: their
+arguments seen plain, then the transport's shortest way for a sendrecv with one peer
+(`pair_message`: on shm the pair areas for a page, the pair's messages read in place from
+512 KiB), else the general path's own moves (`Communicator._message`), without the decorator.
 """
 
 from __future__ import annotations
