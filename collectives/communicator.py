@@ -102,6 +102,7 @@ class Communicator:
         self._small_bytes = transport.one_shot_bytes \
             if transport.xp is numpy and transport.size > 1 else 0
         self._small_calls: dict[tuple, tuple[Any, tuple, Any]] = {}
+        self._lane_messages = transport.xp is numpy and transport.size > 1  # (at any size)
         if transport.size > 1:
             self._agree_on_checking()
         # What the caller's thread records into (spans, and `write_timeline`'s default): the
@@ -911,9 +912,9 @@ class Communicator:
 
     def _lane_message(self, buf: Any, async_op: bool) -> bool:
         """Whether a message of `buf` may take the small-call lane (small.py), whatever its
-        size: blocking, on a NumPy array of more than zero bytes, where calls may (a transport
-        of NumPy arrays, more than one rank). A lane's message makes the general path's own
+        size: blocking, on a NumPy array of more than zero bytes, on a transport of NumPy
+        arrays with more than one rank. A lane's message makes the general path's own
         moves, or the transport's shortest way (a pair's messages read in place on shm)."""
-        return not async_op and type(buf) is numpy.ndarray and buf.nbytes > 0 \
-            and self._small_bytes > 0
+        return self._lane_messages and not async_op and type(buf) is numpy.ndarray \
+            and buf.nbytes > 0
 

@@ -212,8 +212,8 @@ def small_all_to_all(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None) -> 
     result = numpy.empty(sendbuf.shape, sendbuf.dtype) if recvbuf is None else recvbuf
     if sendbuf.nbytes >= PLACED_BYTES and result.flags.c_contiguous \
             and not numpy.may_share_memory(result, sendbuf):  # (peers read sendbuf meanwhile)
-        _exchange(comm, kind[2], sendbuf, [block.reshape(-1).view(numpy.uint8)
-                                           for block in result])
+        _exchange(comm, kind[2], sendbuf, [block.view(numpy.uint8) for block in
+                                           result.reshape(transport.size, -1)])
         return result
     inputs = _exchange(comm, kind[2], sendbuf)
     for source, theirs in enumerate(inputs):

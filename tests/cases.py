@@ -21,7 +21,7 @@ import numpy
 from collectives import small
 from collectives.small import PLACED_BYTES
 from transports.errors import MismatchError
-from transports.slots import IN_PLACE, INLINE, READ, WORDS
+from transports.slots import IN_PLACE, INLINE
 
 DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
           "float16", "float32", "float64", "complex64", "complex128")
@@ -318,10 +318,10 @@ def pair_areas_case(comm: Any) -> dict:
 def pair_in_place_case(comm: Any) -> dict:
     """Sendrecvs between ranks 0 and 1 with their messages read in place wherever they can be
     (shm with direct reads: `pairs_read_from` lowered to a byte, on ranks that share cores
-    too): of 1, 512 and 1 << 15 float64; one where rank 1 takes the general way (the peer
-    meets it through the slots); one where rank 0 sends an element too many (both raise);
-    then one more. Returns what each rank received or raised, and how many messages went in
-    place (None: not shm, or no direct reads)."""
+    too): of 1, 512 and 1 << 15 float64; two where rank 1 takes the general way (the peer
+    meets it there), of one segment and of several; one where rank 0 sends an element too
+    many (both raise); then one more. Returns what each rank received or raised, and how
+    many messages went in place (None: not shm, or no direct reads)."""
     rank, got = comm.rank, []
     transport = comm._transport
     if rank > 1:
@@ -339,12 +339,13 @@ def pair_in_place_case(comm: Any) -> dict:
     try:
         for count in (1, 512, 1 << 15):
             got.append(comm.sendrecv(values(rank, count, "float64"), 1 - rank).tolist())
-        mine, into = values(rank, 100, "float64"), numpy.zeros(100)
-        if rank == 1:
-            comm._sendrecv(mine, 0, into, 0)  # the general way
-        else:
-            comm.sendrecv(mine, 1, into)
-        got.append(into.tolist())
+        for count in (100, (1 << 16) + 3):  # (in one segment, and in several)
+            mine, into = values(rank, count, "float64"), numpy.zeros(count)
+            if rank == 1:
+                comm._sendrecv(mine, 0, into, 0)  # the general way
+            else:
+                comm.sendrecv(mine, 1, into)
+            got.append(into.tolist())
         try:
             comm.sendrecv(values(rank, 7 + (rank == 0), "float64"), 1 - rank, numpy.zeros(7))
             got.append("no error")
@@ -530,8 +531,9 @@ LARGE_BLOCK = 1200
 def small_lanes_case(comm: Any, dtype: str, op: str, read_in_place: bool = False) -> dict:
     """`_small_lanes`; with `read_in_place`, every exchange that can read its inputs in place
     does, whatever its size (transports/slots.py, "Inputs read in place"), and the all-to-all
-    lane places its blocks from any size; then also how many such exchanges each rank made
-    (None: the transport cannot read a peer's memory)."""
+    lane places its blocks from any size; then also how many peers' inputs each rank read
+    in place (None: the transport cannot read a peer's memory), and what a mismatched call
+    left in its result."""
     transport = comm._transport
     if not read_in_place:
         return _small_lanes(comm, dtype, op)
@@ -540,17 +542,33 @@ def small_lanes_case(comm: Any, dtype: str, op: str, read_in_place: bool = False
     comm._small_calls.clear()  # (lanes keep their exchanges)
     if can_read:  # (on ranks that share cores too)
         transport.reads_inputs_from = 1
+        move, read = transport._move, []
+
+        def counted(*args: Any) -> Any:
+            if args[-1].endswith("'s input"):  # (`_new_exchange_in_place`'s reads)
+                read.append(args[1])
+            return move(*args)
+        transport._move = counted
     small.PLACED_BYTES = 1
-    read_before = transport._own[READ * WORDS] if can_read else 0
     try:
         out = _small_lanes(comm, dtype, op)
+        # Rank 0's all-to-all meets the others' all-gathers: all raise, its result untouched.
+        into = numpy.zeros((comm.size, 2, 3), dtype)
+        try:
+            if comm.rank == 0:
+                comm.all_to_all(values(0, 6 * comm.size, dtype).reshape(comm.size, 2, 3), into)
+            else:
+                comm.all_gather(values(comm.rank, 6, dtype).reshape(2, 3), into)
+            out["mismatch"] = "no error"
+        except MismatchError:
+            out["mismatch"] = "untouched" if not into.any() else "written"
     finally:
         comm._small_calls.clear()
         small.PLACED_BYTES = PLACED_BYTES
         if can_read:
             transport.reads_inputs_from = reads_from
-    out["read in place"] = None if not can_read else \
-        transport._own[READ * WORDS] - read_before
+            del transport._move
+    out["read in place"] = len(read) if can_read else None
     return out
 
 

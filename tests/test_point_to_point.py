@@ -92,16 +92,17 @@ def test_a_small_sendrecv_goes_through_the_pair_areas_on_shm(run):
 def test_a_sendrecv_read_in_place_meets_every_way_its_peer_sends(run):
     """On shm with direct reads, a pair's messages read in place (slots.py, "Pair messages
     read in place", here from any size): right at every size, against a peer on the general
-    way (through the slots), and a mismatch raises on both ranks, after which the next
+    way (in one segment and in several), and a mismatch raises on both ranks, after which the next
     message is right. Right on every transport."""
     for rank, result in enumerate(run("pair_in_place_case", 3, "auto")):
         if rank == 2:
             continue
         peer = 1 - rank
-        want = [values(peer, count, "float64").tolist() for count in (1, 512, 1 << 15, 100)]
+        want = [values(peer, count, "float64").tolist()
+                for count in (1, 512, 1 << 15, 100, (1 << 16) + 3)]
         assert result["got"] == want + ["MismatchError", values(peer, 9, "float64").tolist()]
-        if result["in_place"] is not None:  # every lane's call (rank 1 took one the general way)
-            assert result["in_place"] == 6 - rank, result["in_place"]
+        if result["in_place"] is not None:  # every lane's call (rank 1 took 2 the general way)
+            assert result["in_place"] == 7 - 2 * rank, result["in_place"]
 
 
 @pytest.mark.parametrize("count", [6, 1 << 17])

@@ -20,7 +20,9 @@ Each rank's host region holds
                 pair p t   two lines per peer, by turns: the six integers of a point-to-
                            point check for peer p (`pair_inputs`), its number last
                 share p    one line per peer: for a shared message from p, which one and
-                           where it lands; for ours to p, which one's part has landed
+                           where it lands; for ours to p, which one's part has landed;
+                           the last pair turn whose message from p, read in place, this
+                           rank has read
                 push p     one line per peer: where p's forwarded result lands (posts made,
                            address, size); how many of ours to p have landed
 
@@ -90,13 +92,14 @@ than wait out the timeout.
 Inputs read in place. A one-shot exchange of inputs of which each rank takes a part (its
 block of each, in an all-to-all or a reduce-scatter: `reads`) copies a whole input into an
 area for its peers to copy a part back out. From `reads_inputs_from` (DIRECT_INPUT_BYTES,
-where direct reads work and every rank has a core) it copies nothing instead: each rank
+where direct reads work and every rank has a core; an input also fits an area, so by
+default that is 1 MiB on 2 ranks, and none on more) it copies nothing instead: each rank
 writes the address of its input in its call line, and once the lines have come and agree,
 reads the part it takes of each peer's input straight out of the peer's memory, into place
 where the caller says (`into`: the all-to-all's result) or into scratch, and copies its own
 part. It then counts the turn in its read line, and returns once every peer's has counted
 it: they were reading its input. Measured on 2 ranks (README, "A second machine"), a 1 MiB
-all-to-all took 1.4x-1.6x MPICH's time where through the areas it took 2.9x-3.4x; inputs
+all-to-all took 1.3x-1.5x MPICH's time where through the areas it took 3.1x-3.7x; inputs
 taken whole (an all-reduce's) stayed faster through the areas, whose reader reduces straight
 out of them, and below 1 MiB the areas, which stay in the caches, were faster. The choice
 follows from the size and `reads`, which every rank of a call says alike (its own block of
@@ -132,7 +135,8 @@ place: each rank writes the address of its data in the last word of its pair lin
 marked IN_PLACE; once the peer's line has come and agrees, it reads the peer's data straight
 into its own buffer, says so in its share line for the peer, and returns once the peer has
 said the same (it was reading ours). One copy each way, no slot, two waits. A peer on the
-general way is met through the slots, as for the pair areas. Measured on 2 ranks (README, "A
+general way is met there: once the check agrees, both messages move as that way moves them
+(`_sendrecv`). Measured on 2 ranks (README, "A
 second machine"), a 1 MiB sendrecv took 241-247 us where the slots took 409-451 (MPICH's
 177-180, one direct read each way too); at 64 and 256 KiB the slots, in the caches, were
 as fast or faster.
@@ -180,7 +184,7 @@ BARRIER, PUBLISHED, READ, CONSUMED = 0, 1, 2, 3
 # One-shot inputs of at least this size are read in place (see "Inputs read in place"), where
 # direct reads work and every rank has a core.
 DIRECT_INPUT_BYTES = 1 << 20
-KEPT_EXCHANGES = 64  # one-shot exchanges kept, one per (shape, dtype) seen
+KEPT_EXCHANGES = 64  # one-shot exchanges kept, one per (shape, dtype) seen (and reads)
 PAIR_AREA_BYTES = PAGE  # a pair's message up to this size each way goes through pair areas
 INLINE = 1 << 61  # marks a pair line's first word: the message lies in the sender's pair area
 IN_PLACE = 1 << 60  # marks it: the message lies at the address in the line's last word
@@ -743,9 +747,9 @@ class SlotTransport(Transport):
         """`pair_message` of a message whose data the pair's lines say where to find: in our
         pair area for `peer` (`how` INLINE, "Pair areas"), or in `mine` itself (IN_PLACE,
         "Pair messages read in place"), our words marked so; then, once the peer's words have
-        come and agree, the peer's data from where its mark says, or through the slots where
-        it has none (its message went the general way, and so then does ours). The result as
-        `pair_message`'s."""
+        come and agree, the peer's data from where its mark says, or, where it has none (its
+        message goes the general way), both messages as the general way moves them once
+        checked (`_sendrecv`). The result as `pair_message`'s."""
         turn = self._pairs[peer] + 1
         if how == INLINE:
             self._pair_out[peer][turn & 1][:mine.nbytes] = mine.data.cast("B")
@@ -763,11 +767,8 @@ class SlotTransport(Transport):
             self._move(self.memory.read, peer, self._ctl[peer][line + WORDS - 1],
                        into.view(numpy.uint8), f"read rank {self.named(peer)}'s message")
             self._own[(self._share_line + peer) * WORDS + 3] = turn  # we have read it
-        else:  # the peer's message went the general way: ours goes as the general way sends
-            if not self._slot_free():
-                self.wait(self._slot_free, self._slot_holder(), "a free slot")
-            self._publish(mine.view(numpy.uint8), peer, mine.nbytes)
-            self._take(peer, into.view(numpy.uint8))
+        else:  # the peer's message goes the general way (checked): ours goes that way too
+            self._sendrecv(mine, peer, into, peer)
         if how == IN_PLACE and theirs & MARKS:  # the peer reads `mine`
             read = (self._share_line + self.rank) * WORDS + 3  # in the peer's lines
             their_lines = self._ctl[peer]
@@ -1124,17 +1125,17 @@ class SlotTransport(Transport):
         return exchange
 
     def _new_exchange_in_place(self, shape: tuple[int, ...], dtype: Any,
-                               reads: Reads | None) -> Callable[[Any, memoryview], list[Any]]:
+                               reads: Reads) -> Callable[[Any, memoryview], list[Any]]:
         """`_one_shot_exchange` of inputs read in place (see "Inputs read in place"): publish
         the call line and where `buf` lies; once every peer's has come and agrees, read the
-        bytes `reads` names of each peer's input (all when None) straight out of its memory,
-        copy those of our own, say so, and return once every peer has said so too (they
+        bytes `reads` names of each peer's input straight out of its memory, copy those of our
+        own, say so, and return once every peer has said so too (they
         read `buf`). The bytes land in `into` where it is given (`prepare_all_inputs`), and
         the exchange returns None; else in scratch, returned as every rank's input (holding
         only the bytes `reads` names)."""
         nbytes = math.prod(shape) * numpy.dtype(dtype).itemsize
         rank, size = self.rank, self.size
-        spans = reads or ((0, nbytes),) * size
+        spans = reads
         if self._inputs_read is None:
             self._inputs_read = numpy.empty(size * self._area_bytes, numpy.uint8)
         flat = [self._inputs_read[r * self._area_bytes:][:nbytes] for r in range(size)]
@@ -1152,16 +1153,16 @@ class SlotTransport(Transport):
             mine[:] = line
             own[address[turn & 1]] = buf.ctypes.data
             own[PUBLISHED * WORDS] = turn  # last: the line and the address are now visible
-            places = scratch if into is None else into
-            if own_lo < own_hi:  # (while the peers come)
-                places[rank][...] = buf.reshape(-1).view(numpy.uint8)[own_lo:own_hi]
             for peer in peers:
                 if peer[PUBLISHED * WORDS] < turn:
                     self._wait_published(peer, turn)
             for their_line in theirs:
                 if their_line != mine:
                     self._answer_messages(line, theirs)
-                    self._compare_lines(line, theirs)  # raises
+                    self._compare_lines(line, theirs)  # raises, nothing taken
+            places = scratch if into is None else into
+            if own_lo < own_hi:
+                places[rank][...] = buf.reshape(-1).view(numpy.uint8)[own_lo:own_hi]
             for r, lo, hi in wanted:
                 self._move(read, r, self._ctl[r][address[turn & 1]] + lo, places[r],
                            f"read rank {self.named(r)}'s input")
