@@ -383,6 +383,9 @@ def direct_scenario() -> None:
         cores = set().union(*MPI.COMM_WORLD.allgather(os.sched_getaffinity(0)))
         assert transport.oversubscribed == (size > len(cores))
         assert transport.shares_from == (None if transport.oversubscribed else DIRECT_BYTES)
+        # (On 2 ranks a sendrecv has one peer, and is read in place from 512 KiB by its pair's
+        # lines, `test_point_to_point.py`; here, the general path's roads.)
+        pairs_read_from, transport.pairs_read_from = transport.pairs_read_from, None
         moved: list[tuple[str, int]] = []
         memory = transport.memory
         read, write = memory.read, memory.write
@@ -437,6 +440,12 @@ def direct_scenario() -> None:
             if rank == 0:
                 numpy.testing.assert_array_equal(
                     got, sum(mine - rank + r for r in range(size)))
+        transport.pairs_read_from = pairs_read_from
+        if size == 2 and pairs_read_from is not None:  # a pair's 1 MiB: read in place
+            mine = numpy.arange(1 << 17, dtype=float) + rank
+            moved.clear()
+            numpy.testing.assert_array_equal(comm.sendrecv(mine, 1 - rank), mine - rank + left)
+            assert moved == [("read", 1 << 20)], moved
         forwarded_all_reduce(comm, moved)
         if transport.oversubscribed:  # the forwarded step on more ranks, as if each had a core
             transport.oversubscribed = False
