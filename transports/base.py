@@ -459,8 +459,10 @@ class Transport(ABC):
             stats.bytes_sent += sent
             stats.bytes_received += received
             stats.messages += messages
+            if into is None:
+                return move(buf, line)
             inputs = move(buf, line, into)
-            return inputs if into is None or inputs is None else place(inputs, reads, into)
+            return None if inputs is None else place(inputs, reads, into)
         return exchange
 
     def every_peer(self, nbytes: int) -> list[Moved]:
