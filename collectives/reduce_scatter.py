@@ -23,8 +23,8 @@ from typing import Any
 
 from transports.base import ReduceOp, Transport
 
-from .blocks import own_blocks
 from .all_reduce import reduce_in_rank_order
+from .blocks import own_blocks
 from .ring import reduce_scatter_pass
 from .two_shot import reduce_own_chunk
 

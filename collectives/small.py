@@ -389,8 +389,8 @@ def _learn(comm: Any, key: tuple, collective: str, sendbuf: numpy.ndarray,
     """What the lane keeps of a kind of call (`key`): its ufunc (None without an op), whether
     it averages, and its exchange, prepared with the descriptor but its number, what each
     call counts in `stats`, and which bytes of each input the lane takes (None: all; see
-    `transport.prepare_all_inputs`). None until the general path has
-    resolved the op for the dtype, and for a dtype the general path refuses: it raises."""
+    `transport.prepare_all_inputs`). None until the general path has resolved the op for
+    the dtype, and for a dtype the general path refuses: it raises."""
     dtype = sendbuf.dtype
     if op is not None:
         ufunc = comm._ufuncs.get((op, dtype))
