@@ -173,6 +173,23 @@ def registered_scenario() -> None:
             shared[...] = 7
         comm.broadcast(shared, root=size - 1)
         assert (shared == 7).all()
+    # A pair's message from registered memory goes the general way, which takes it where it
+    # lies, even where every other pair's message is read in place (slots.py, "Pair messages
+    # read in place"), and whether or not the peer's is registered too: no direct read.
+    transport, reads = comm._transport, []
+    pairs_read_from = transport.pairs_read_from
+    transport.pairs_read_from = 1 if transport.single_copy else None
+    read = transport.memory.read
+    transport.memory.read = lambda *args: (reads.append(args[2].nbytes), read(*args))
+    held = comm.empty(4097)
+    for both in (True, False):
+        if rank < 2:
+            mine = held if both or rank == 0 else numpy.empty(4097)
+            mine[...] = cases.values(rank, 4097, "float64")
+            got = comm.sendrecv(mine, 1 - rank)
+            numpy.testing.assert_array_equal(got, cases.values(1 - rank, 4097, "float64"))
+    transport.pairs_read_from, transport.memory.read = pairs_read_from, read
+    assert reads == [], reads
     # Each buffer is a mapping of every rank's region, and a mapping holds no descriptor.
     assert len(os.listdir("/proc/self/fd")) == descriptors, "registered memory holds descriptors"
     registered_send_waits_for_a_slot(comm)

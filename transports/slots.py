@@ -720,10 +720,12 @@ class SlotTransport(Transport):
         nothing, for a message `message` must take; or the peer's words where they differ
         from `expected`, having withdrawn what was published and taken nothing. A checked,
         untraced message of `pairs_read_from` or more each way, of any size, is read in
-        place instead."""
+        place instead, but from registered memory, which the general way reads where it lies
+        (a peer that reads in place meets it there)."""
         reads_from = self.pairs_read_from
         if reads_from is not None and mine.nbytes >= reads_from and into.nbytes >= reads_from \
-                and said is not None and self.trace is None and self.on_transfer is None:
+                and said is not None and self.trace is None and self.on_transfer is None \
+                and not (self._registered and self._region_of(mine.view(numpy.uint8))):
             return self._through_pair_lines(mine, peer, into, said, expected, IN_PLACE)
         if not self._straight(mine, into):
             return False
