@@ -8,7 +8,8 @@ Each rank's host region holds
               writes bounces between cores; one straddling two lines could tear):
                 barrier    barriers this rank has entered
                 published  one-shot inputs this rank has published, and their sizes
-                read       one-shot turns whose inputs read in place this rank has read
+                read       the last one-shot turn whose inputs, read in place, this rank
+                           has read (its peers may then reuse theirs)
                 consumed   one line per peer: segments this rank has taken from that peer
                 slot j     one line per slot: which segment slot j holds (dst, seq), the
                            message's size, and where the message lies when it is not in
@@ -1131,20 +1132,19 @@ class SlotTransport(Transport):
         """`_one_shot_exchange` of inputs read in place (see "Inputs read in place"): publish
         the call line and where `buf` lies; once every peer's has come and agrees, read the
         bytes `reads` names of each peer's input straight out of its memory, copy those of our
-        own, say so, and return once every peer has said so too (they
-        read `buf`). The bytes land in `into` where it is given (`prepare_all_inputs`), and
-        the exchange returns None; else in scratch, returned as every rank's input (holding
-        only the bytes `reads` names)."""
+        own, say so, and return once every peer has said so too (they read `buf`). The bytes
+        land in `into` where it is given (`prepare_all_inputs`), and the exchange returns
+        None; else in scratch, returned as every rank's input (holding only the bytes `reads`
+        names)."""
         nbytes = math.prod(shape) * numpy.dtype(dtype).itemsize
         rank, size = self.rank, self.size
-        spans = reads
         if self._inputs_read is None:
             self._inputs_read = numpy.empty(size * self._area_bytes, numpy.uint8)
         flat = [self._inputs_read[r * self._area_bytes:][:nbytes] for r in range(size)]
         inputs = [f.view(dtype).reshape(shape) for f in flat]
-        scratch = [f[lo:hi] for f, (lo, hi) in zip(flat, spans)]
-        own_lo, own_hi = spans[rank]
-        wanted = [(r, lo, hi) for r, (lo, hi) in enumerate(spans) if r != rank and lo < hi]
+        scratch = [f[lo:hi] for f, (lo, hi) in zip(flat, reads)]
+        own_lo, own_hi = reads[rank]
+        wanted = [(r, lo, hi) for r, (lo, hi) in enumerate(reads) if r != rank and lo < hi]
         address = [(self._call_line + area) * WORDS + CALL_WORDS + 1 for area in range(2)]
         own, lines, read = self._own, self._call_lines, self.memory.read
         peers = [ctl for r, ctl in enumerate(self._ctl) if r != rank]
