@@ -53,7 +53,8 @@ def reduce_ranks(data: Callable[[int], numpy.ndarray], ranks: int, op: str) -> n
     """The reference reduction of data(0) .. data(ranks-1).
 
     Integers wrap as they do in every implementation; floats are reduced in float64, and the
-    check allows the rounding of the dtype (see `tolerance`).
+    check asks for them exactly where the data make every order exact (`exact`), else allows
+    the rounding of the dtype (`tolerance`).
     """
     def widened(rank: int) -> numpy.ndarray:
         block = data(rank)
@@ -93,13 +94,22 @@ def tolerance(dtype: numpy.dtype, ranks: int) -> tuple[float, float]:
     return ranks * eps, ranks * ranks * eps * DATA_MAX
 
 
+def exact(dtype: numpy.dtype, ranks: int, op: str | None) -> bool:
+    """Whether `op` over the inputs of `ranks` ranks (`rank_data`) is exact in float `dtype`
+    in any order: min and max always; a sum while every partial sum, a multiple of 1/8 of at
+    most ranks * DATA_MAX, fits the dtype's mantissa (float16: up to 64 ranks)."""
+    if op in ("min", "max"):
+        return True
+    return op == "sum" and ranks * DATA_MAX * 8 <= 2 ** (numpy.finfo(dtype).nmant + 1)
+
+
 def count_wrong(result: numpy.ndarray, expected: numpy.ndarray, ranks: int,
-                reduced: bool = True) -> int:
-    """Elements of `result` that differ from `expected`: exactly for integers and for what is
-    only moved (not `reduced`), beyond the rounding of `ranks` contributions for reduced
-    floats (NaN always differs)."""
-    if result.dtype.kind != "f" or not reduced:  # (the data holds no NaN; the poison does)
-        return int(numpy.count_nonzero(result != expected))
+                reduced: bool = True, op: str | None = None) -> int:
+    """Elements of `result` that differ from `expected`: exactly for integers, for what is
+    only moved (not `reduced`) and for a reduction by `op` that the data make exact
+    (`exact`); else beyond the rounding of `ranks` contributions (NaN always differs)."""
+    if result.dtype.kind != "f" or not reduced or exact(result.dtype, ranks, op):
+        return int(numpy.count_nonzero(result != expected))  # (the poison is NaN)
     rtol, atol = tolerance(result.dtype, ranks)
     return int(numpy.count_nonzero(~numpy.isclose(result, expected, rtol=rtol, atol=atol)))
 
@@ -183,7 +193,7 @@ def prepare(impl: Impl, collective: Collective, send: numpy.ndarray, recv: numpy
             poison(recv, expected)
         call()
         here = 0 if expected is None else count_wrong(to_numpy(recv), expected, world.size,
-                                                      collective.reduces)
+                                                      collective.reduces, op)
         wrong = int(reduce_scalar(world, here, MPI.SUM))
     device.synchronize(impl.xp)
     return call, wrong

@@ -185,6 +185,24 @@ def test_check_allows_rounding_and_counts_every_wrong_element(dtype):
     assert measure.count_wrong(result, expected, ranks) == 4
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_check_asks_for_sums_min_and_max_exactly_where_the_data_make_them_exact(dtype):
+    """The data are multiples of 1/8 of at most DATA_MAX: on 8 ranks a sum comes out exact in
+    any order, even in float16, so one ulp off is wrong; a product may round."""
+    ranks = 8
+    inputs = [measure.rank_data(r, (5000,), dtype, "sum") for r in range(ranks)]
+    expected = measure.reduce_ranks(lambda r: inputs[r], ranks, "sum")
+    result = inputs[0].copy()
+    for block in reversed(inputs[1:]):  # another order of additions, in `dtype`
+        result += block
+    assert measure.count_wrong(result, expected, ranks, op="sum") == 0
+    result[[3, 100]] = numpy.nextafter(result[[3, 100]], numpy.inf)
+    assert measure.count_wrong(result, expected, ranks, op="sum") == 2
+    assert measure.count_wrong(result, expected, ranks, op="prod") == 0  # (within rounding)
+    assert measure.exact(numpy.dtype(dtype), ranks, "max")
+    assert not measure.exact(numpy.dtype("float16"), 65, "sum")
+
+
 def test_the_clock_warm_up_calls_on_for_its_milliseconds_and_stops():
     from mpi4py import MPI
     calls = []
