@@ -1075,11 +1075,12 @@ class SlotTransport(Transport):
         with a peer always ready, 1.6 us, where lines of bytes, the peers' list with this
         rank's own lines, and calls for the copy and for `settle` took 1.9.)
         """
-        nbytes = math.prod(shape) * numpy.dtype(dtype).itemsize
-        if self.reads_inputs_from is not None and nbytes >= self.reads_inputs_from \
-                and reads is not None and all(lo < hi < lo + nbytes for lo, hi in reads):
-            return kept(self._exchanges, (shape, dtype, reads), KEPT_EXCHANGES,
-                        lambda: self._new_exchange_in_place(shape, dtype, reads))
+        if reads is not None and self.reads_inputs_from is not None:  # (few exchanges name reads)
+            nbytes = math.prod(shape) * numpy.dtype(dtype).itemsize
+            if nbytes >= self.reads_inputs_from \
+                    and all(lo < hi < lo + nbytes for lo, hi in reads):
+                return kept(self._exchanges, (shape, dtype, reads), KEPT_EXCHANGES,
+                            lambda: self._new_exchange_in_place(shape, dtype, reads))
         return kept(self._exchanges, (shape, dtype), KEPT_EXCHANGES,
                     lambda: self._new_one_shot_exchange(shape, dtype))
 
