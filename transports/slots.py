@@ -162,7 +162,7 @@ from .base import (CALL_WORDS, MESSAGES, Exchange, Moved, Reads, ReduceOp, Trans
                    kept)
 from .bootstrap import duplicated, on_one_node, start
 from .errors import CollectiveError, InvalidArgumentError, MismatchError, PeerFailedError
-from .shared_memory import SHM_DIR, free_bytes, share_regions
+from .shared_memory import SHM_DIR, address_of, free_bytes, share_regions
 
 LINE = 64  # bytes: a cache line, one counter each
 PAIR_WORDS = struct.Struct("=6Q")  # a pair line's six integers, after its turn
@@ -539,7 +539,7 @@ class SlotTransport(Transport):
             while k_out < n_out and self._slot_free():
                 if direct:
                     read_by = self._announce(dst, out.size, *region) if region else \
-                        self._announce(dst, out.size, address=out.ctypes.data, shared=shared)
+                        self._announce(dst, out.size, address=address_of(out), shared=shared)
                 else:
                     publish(out[k_out * slot:(k_out + 1) * slot], dst, out.size)
                 k_out += 1
@@ -620,12 +620,12 @@ class SlotTransport(Transport):
             self._check_first(dst, 0)
         self.wait(self._slot_free, self._slot_holder(), "a free slot")
         read_by = self._announce(dst, out.size, *region) if region else \
-            self._announce(dst, out.size, address=out.ctypes.data)
+            self._announce(dst, out.size, address=address_of(out))
         # Where the left neighbour's result lands: posted before we wait on either
         # neighbour's data or post, so that no rank waits on a neighbour that waits on it.
         self._posts[src] += 1
         post = (self._push_line + src) * WORDS
-        self._own[post + 1], self._own[post + 2] = recvbuf.ctypes.data, recvbuf.nbytes
+        self._own[post + 1], self._own[post + 2] = address_of(recvbuf), recvbuf.nbytes
         self._own[post] = self._posts[src]  # last: the left neighbour may write now
         try:
             self._reduce_and_push(src, dst, accbuf, op, inbuf, divide)
@@ -757,7 +757,7 @@ class SlotTransport(Transport):
         if how == INLINE:
             self._pair_out[peer][turn & 1][:mine.nbytes] = mine.data.cast("B")
         else:
-            self._own[self._pair_words(peer, turn) + WORDS - 1] = mine.ctypes.data
+            self._own[self._pair_words(peer, turn) + WORDS - 1] = address_of(mine)
         turn = self._say(peer, (said[0] | how, *said[1:]))
         heard = self._hear(peer, said, turn)
         if heard != expected:
@@ -813,7 +813,7 @@ class SlotTransport(Transport):
             self._check_first(dst, 0)
         self.wait(self._slot_free, self._slot_holder(), "a free slot")
         read_by = self._announce(dst, buf.nbytes, *region) if region else \
-            self._announce(dst, buf.nbytes, address=buf.ctypes.data)
+            self._announce(dst, buf.nbytes, address=address_of(buf))
         return lambda: self.wait(lambda: self._has_taken(*read_by), dst,
                                  "its message to be read")
 
@@ -929,7 +929,7 @@ class SlotTransport(Transport):
         message reads it all, `_read`, and the sender sees it taken.)"""
         seq, line = self._taken[src], (self._share_line + src) * WORDS
         part = _sender_part(into.size)
-        self._own[line + 1] = into.ctypes.data
+        self._own[line + 1] = address_of(into)
         self._own[line] = seq + 1  # last: the sender may write now
         written = (self._share_line + self.rank) * WORDS + 2  # in src's control lines
         try:
@@ -1154,7 +1154,7 @@ class SlotTransport(Transport):
             self._one_shots = turn = self._one_shots + 1
             mine, theirs = lines[turn & 1]
             mine[:] = line
-            own[address[turn & 1]] = buf.ctypes.data
+            own[address[turn & 1]] = address_of(buf)
             own[PUBLISHED * WORDS] = turn  # last: the line and the address are now visible
             for peer in peers:
                 if peer[PUBLISHED * WORDS] < turn:
@@ -1236,7 +1236,7 @@ class SlotTransport(Transport):
 
     def _region_of(self, buf: Any) -> tuple[int, int] | None:
         """(region, offset) of `buf` if it lies in registered memory (regions from 1)."""
-        start = buf.ctypes.data
+        start = address_of(buf)
         for region, (lo, hi) in enumerate(self._registered_at, start=1):
             if lo <= start and start + buf.size <= hi:
                 return region, start - lo
