@@ -17,6 +17,7 @@ from typing import Any
 
 from transports.base import Transport
 
+from .blocks import every_input
 from .ring import all_gather_pass
 
 
@@ -32,5 +33,6 @@ def one_shot_all_gather(transport: Transport, mine: Any, work: Any,
     bounds[r]) from one exchange (`Transport.all_inputs`), which also carries the call's
     descriptor when the caller checks."""
     transport.at("one-shot")
-    for (lo, hi), block in zip(bounds, transport.all_inputs(mine)):
+    inputs = transport.all_inputs(mine, reads=every_input(mine.nbytes, transport.size))
+    for (lo, hi), block in zip(bounds, inputs):
         work[lo:hi] = block

@@ -58,6 +58,15 @@ def own_blocks(bounds: Bounds, rank: int, itemsize: int) -> tuple[tuple[int, int
     return ((lo * itemsize, hi * itemsize),) * len(bounds)
 
 
+def every_input(nbytes: int, size: int) -> tuple[tuple[int, int], ...]:
+    """What a rank takes of every rank's input of `nbytes` to a one-shot all-gather: all of
+    each (`Transport.all_inputs`' `reads`). Named, although taking every input whole is what
+    an exchange does by default, because an all-gather places them as they come: its exchange
+    may read them straight where they belong. (A reduction's, or a rooted collective's, goes
+    through the areas, measured faster: README, "A second machine".)"""
+    return ((0, nbytes),) * size
+
+
 def gathered(collective: str, counts: Any | None, sendbuf: Any, size: int,
              rank: int) -> tuple[tuple[int, ...] | None, Bounds, tuple[int, ...]]:
     """(counts checked, bounds, the result's shape) of a collective that puts every rank's

@@ -50,7 +50,7 @@ from transports.errors import CallsDiffer, MismatchError
 from .all_reduce import reduce_in_rank_order
 from .arguments import NUMERIC, output
 from .arrays import overlap
-from .blocks import equal, own_blocks
+from .blocks import equal, every_input, own_blocks
 from .check import MessagesDiffer, judge_pair, pair_kind, pair_said
 from .point_to_point import MessageName
 from .scan import finish, prefix
@@ -58,9 +58,9 @@ from .scatter import (LENGTH, blank, describe, description_bytes, inline_bytes,
                       receive_described, send_blocks)
 
 KINDS_KEPT = 64  # kinds of call remembered; more means a sweep of sizes, so start again
-# An all-to-all's blocks from this size are placed where they belong by the exchange, which
-# may read them straight there (transports/slots.py, "Inputs read in place"); below it, a few
-# views cost a call more than its data.
+# The blocks of an all-to-all, an all-gather or a gather from this size are placed where they
+# belong by the exchange, which may read them straight there (transports/slots.py, "Inputs
+# read in place"); below it, a few views cost a call more than its data.
 PLACED_BYTES = 64 << 10
 GENERAL = object()  # what a lane returns for a call it leaves to the general path
 
@@ -154,10 +154,10 @@ def small_gather(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, root: i
     if kind is None or (transport.rank == root and recvbuf is not None
                         and not _fits(recvbuf, shape, sendbuf.dtype)):
         return GENERAL
-    inputs = _exchange(comm, kind[2], sendbuf)
     if transport.rank != root:
+        _exchange(comm, kind[2], sendbuf)
         return None
-    return _stacked(inputs, recvbuf, shape, sendbuf.dtype)
+    return _stacked(comm, kind[2], sendbuf, recvbuf, shape)
 
 
 def small_all_gather(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None) -> Any:
@@ -165,12 +165,14 @@ def small_all_gather(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None) -> 
     rank's input into its block."""
     if not _open(comm, sendbuf):
         return GENERAL
+    size = comm._transport.size
     key = ("all_gather", sendbuf.dtype, sendbuf.shape)
-    kind = comm._small_calls.get(key) or _learn(comm, key, "all_gather", sendbuf)
-    shape = (comm._transport.size, *sendbuf.shape)
+    kind = comm._small_calls.get(key) or _learn(
+        comm, key, "all_gather", sendbuf, reads=every_input(sendbuf.nbytes, size))
+    shape = (size, *sendbuf.shape)
     if kind is None or recvbuf is not None and not _fits(recvbuf, shape, sendbuf.dtype):
         return GENERAL
-    return _stacked(_exchange(comm, kind[2], sendbuf), recvbuf, shape, sendbuf.dtype)
+    return _stacked(comm, kind[2], sendbuf, recvbuf, shape)
 
 
 def small_reduce_scatter(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None,
@@ -210,10 +212,8 @@ def small_all_to_all(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None) -> 
         return GENERAL
     rank = transport.rank
     result = numpy.empty(sendbuf.shape, sendbuf.dtype) if recvbuf is None else recvbuf
-    if sendbuf.nbytes >= PLACED_BYTES and result.flags.c_contiguous \
-            and not numpy.may_share_memory(result, sendbuf):  # (peers read sendbuf meanwhile)
-        _exchange(comm, kind[2], sendbuf, [block.view(numpy.uint8) for block in
-                                           result.reshape(transport.size, -1)])
+    if _placed(result, sendbuf):
+        _exchange(comm, kind[2], sendbuf, result)
         return result
     inputs = _exchange(comm, kind[2], sendbuf)
     for source, theirs in enumerate(inputs):
@@ -464,13 +464,25 @@ def _fits(recvbuf: Any, shape: tuple[int, ...], dtype: numpy.dtype) -> bool:
             and recvbuf.shape == shape and recvbuf.flags.writeable)
 
 
-def _stacked(inputs: list[numpy.ndarray], recvbuf: Any | None, shape: tuple[int, ...],
-             dtype: numpy.dtype) -> numpy.ndarray:
-    """Every rank's input, block r from rank r, in `recvbuf` or a new array of `shape`."""
-    result = numpy.empty(shape, dtype) if recvbuf is None else recvbuf
-    for source, theirs in enumerate(inputs):
+def _stacked(comm: Any, exchange: Any, sendbuf: numpy.ndarray, recvbuf: Any | None,
+             shape: tuple[int, ...]) -> numpy.ndarray:
+    """Every rank's input out of `exchange`, block r from rank r, in `recvbuf` or a new array
+    of `shape`: placed there by the exchange where it may be (`_placed`)."""
+    result = numpy.empty(shape, sendbuf.dtype) if recvbuf is None else recvbuf
+    if _placed(result, sendbuf):
+        _exchange(comm, exchange, sendbuf, result)
+        return result
+    for source, theirs in enumerate(_exchange(comm, exchange, sendbuf)):
         result[source] = theirs
     return result
+
+
+def _placed(result: numpy.ndarray, sendbuf: numpy.ndarray) -> bool:
+    """Whether an exchange of `sendbuf` places the blocks it takes straight in `result`, where
+    it may read them straight there: from PLACED_BYTES, into a contiguous result apart from
+    `sendbuf` (which peers may read meanwhile)."""
+    return sendbuf.nbytes >= PLACED_BYTES and result.flags.c_contiguous \
+        and not numpy.may_share_memory(result, sendbuf)
 
 
 def _is_rank(comm: Any, root: Any) -> bool:

@@ -530,10 +530,10 @@ LARGE_BLOCK = 1200
 
 def small_lanes_case(comm: Any, dtype: str, op: str, read_in_place: bool = False) -> dict:
     """`_small_lanes`; with `read_in_place`, every exchange that can read its inputs in place
-    does, whatever its size (transports/slots.py, "Inputs read in place"), and the all-to-all
-    lane places its blocks from any size; then also how many peers' inputs each rank read
-    in place (None: the transport cannot read a peer's memory), and what a mismatched call
-    left in its result."""
+    does, whatever its size (transports/slots.py, "Inputs read in place"), and the lanes
+    place their blocks from any size; then also how many peers' inputs each rank read in
+    place (None: the transport cannot read a peer's memory), and what a mismatched call left
+    in its result."""
     transport = comm._transport
     if not read_in_place:
         return _small_lanes(comm, dtype, op)
@@ -545,7 +545,7 @@ def small_lanes_case(comm: Any, dtype: str, op: str, read_in_place: bool = False
         move, read = transport._move, []
 
         def counted(*args: Any) -> Any:
-            if args[-1].endswith("'s input"):  # (`_new_exchange_in_place`'s reads)
+            if args[2].endswith("'s input"):  # (`_new_exchange_in_place`'s reads)
                 read.append(args[1])
             return move(*args)
         transport._move = counted

@@ -105,16 +105,16 @@ def test_every_lane_gives_the_general_paths_result_bitwise_and_counts_the_same(r
 @pytest.mark.parametrize("dtype, op", KINDS[:2])
 def test_every_lane_is_right_with_its_inputs_read_in_place(run, dtype, op):
     """As above, with every one-shot exchange that can read its inputs in place doing so
-    (transports/slots.py, "Inputs read in place": the all-to-all's and the reduce-scatter's,
-    where direct reads work), and the all-to-all lane placing its blocks straight in its
-    result: the same results, bitwise the general path's, in every form, rank 0 on the
-    general path meeting the others' lanes; a mismatch raises on every rank, leaving the
-    all-to-all's result untouched; and on shm, where a rank can read its peers' memory, the
-    inputs were read in place."""
+    (transports/slots.py, "Inputs read in place": the all-to-all's, reduce-scatter's and
+    all-gather's, where direct reads work), and the lanes placing
+    what they take straight in their results: the same results, bitwise the general path's,
+    in every form, rank 0 on the general path meeting the others' lanes; a mismatch raises on
+    every rank, leaving the all-to-all's result untouched; and on shm, where a rank can read
+    its peers' memory, the inputs were read in place."""
     want = lane_references(dtype, op)
     for rank, outcome in enumerate(run("small_lanes_case", SIZE, "one_shot", dtype=dtype,
                                        op=op, read_in_place=True)):
-        for name in ("reduce_scatter", "all_to_all"):
+        for name in ("reduce_scatter", "all_to_all", "all_gather"):
             got = outcome[name]
             lane, general = got["lane"], got["general"]
             assert lane[1:] == general[1:], name
@@ -125,8 +125,9 @@ def test_every_lane_is_right_with_its_inputs_read_in_place(run, dtype, op):
                     assert numpy.array_equal(got[form], lane[0]), (name, form)
         assert outcome["mismatch"] == "untouched", outcome["mismatch"]
         if outcome["read in place"] is not None:  # (shm, with direct reads)
-            # every call of the two (6 reduce-scatters, 7 all-to-alls), from every peer
-            assert outcome["read in place"] == 13 * (SIZE - 1), outcome["read in place"]
+            # every call of the three (6 reduce-scatters, 7 all-to-alls, 6 all-gathers), from
+            # every peer
+            assert outcome["read in place"] == 19 * (SIZE - 1), outcome["read in place"]
 
 
 def test_prepared_exchanges_outlive_a_sweep_of_more_sizes_than_the_transport_keeps(run):

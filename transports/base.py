@@ -35,7 +35,7 @@ from .errors import (CallsDiffer, CollectiveError, CollectiveTimeoutError, Inval
 # A reduction is a binary ufunc of the array module: op(mine, incoming, out=acc).
 ReduceOp = Callable[..., Any]
 # A prepared all_inputs (`Transport.prepare_all_inputs`): exchange(buf, number) -> inputs, or
-# exchange(buf, number, into), the bytes each rank takes placed in `into`.
+# exchange(buf, number, into), the bytes each rank takes placed in `into`, back to back.
 Exchange = Callable[..., Any]
 # What one transfer of a collective counts in `stats`: (bytes sent, to, bytes received, from).
 Moved = tuple[int, int, int, int]
@@ -89,13 +89,16 @@ def kept(cache: dict, key: Any, most: int, make: Callable[[], Any]) -> Any:
     return value
 
 
-def place(inputs: list[Any], reads: Reads | None, into: list[Any]) -> None:
-    """into[r] = the bytes `reads[r]` of inputs[r] (all of them where `reads` is None), for
-    every rank r (an exchange given `into`: `Transport.prepare_all_inputs`)."""
+def place(inputs: list[Any], reads: Reads | None, into: Any) -> None:
+    """Fill the contiguous array `into` with the bytes `reads[r]` of inputs[r] (all of them
+    where `reads` is None), rank after rank, back to back (an exchange given `into`:
+    `Transport.prepare_all_inputs`)."""
+    flat, at = into.reshape(-1).view(numpy.uint8), 0
     for r, theirs in enumerate(inputs):
         lo, hi = (0, theirs.nbytes) if reads is None else reads[r]
         if lo < hi:
-            into[r][...] = theirs.reshape(-1).view(numpy.uint8)[lo:hi]
+            flat[at:at + hi - lo] = theirs.reshape(-1).view(numpy.uint8)[lo:hi]
+            at += hi - lo
 
 
 def _sent() -> None:
@@ -410,10 +413,11 @@ class Transport(ABC):
         that only sends, say); None: what `all_inputs` counts, every input to and from every
         peer. `reads` says which bytes of each input this rank takes, per rank [lo, hi) (None:
         all): the others may be left unmoved (slots.py, "Inputs read in place").
-        `exchange(buf, number, into)` instead lands the bytes that `reads` names of rank r's
-        input in `into[r]` (flat bytes of that length, overlapping no byte of `buf` a peer
-        reads), where a transport may read them straight there, and returns None. Here it
-        is just that; a transport with a leaner way overrides this.
+        `exchange(buf, number, into)` instead lands the bytes that `reads` names of each
+        rank's input in `into` (a contiguous array that overlaps no byte of `buf` a peer
+        reads), rank after rank, back to back: an all-to-all's result, say, or a broadcast's
+        buffer. A transport may read them straight there; the exchange returns None. Here
+        it is just that; a transport with a leaner way overrides this.
         """
         tally = self._tally(moved)
 

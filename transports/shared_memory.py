@@ -89,21 +89,28 @@ def address_of(array: numpy.ndarray) -> int:
 def read_peer(pid: int, address: int, into: numpy.ndarray) -> None:
     """Copy `into.nbytes` bytes from `address` in process `pid` into `into` (contiguous):
     one copy, by the kernel. OSError if the kernel refuses."""
-    _cross(_process_vm_readv, "process_vm_readv", pid, into, address)
+    _cross(_process_vm_readv, "process_vm_readv", pid, address_of(into), into.nbytes, address)
+
+
+def read_peer_bytes(pid: int, address: int, local: int, nbytes: int) -> None:
+    """`read_peer` of `nbytes` into this process's memory at `local` (an address: where a
+    call reads into several places of one array, making a view of each cost more than the
+    read's own Python)."""
+    _cross(_process_vm_readv, "process_vm_readv", pid, local, nbytes, address)
 
 
 def write_peer(pid: int, address: int, data: numpy.ndarray) -> None:
     """Copy `data` (contiguous) to `address` in process `pid`: one copy, by the kernel.
     OSError if the kernel refuses."""
-    _cross(_process_vm_writev, "process_vm_writev", pid, data, address)
+    _cross(_process_vm_writev, "process_vm_writev", pid, address_of(data), data.nbytes, address)
 
 
-def _cross(call: Any, name: str, pid: int, local: numpy.ndarray, address: int) -> None:
-    """Move `local.nbytes` bytes between `local` and `address` in process `pid` with `call`
+def _cross(call: Any, name: str, pid: int, base: int, nbytes: int, address: int) -> None:
+    """Move `nbytes` bytes between `base` here and `address` in process `pid` with `call`
     (process_vm_readv or process_vm_writev), which may move less than asked at a time."""
     if call is None:
         raise OSError(f"no {name} here")
-    done, nbytes, base = 0, local.nbytes, address_of(local)
+    done = 0
     while done < nbytes:
         here = _IoVec(base + done, nbytes - done)
         there = _IoVec(address + done, nbytes - done)

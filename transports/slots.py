@@ -90,22 +90,26 @@ to 11 ranks), and on the host the pair areas (below). A wait spins briefly, then
 CPU (`Transport.wait`), and stops with PeerFailedError if the peer's process has died rather
 than wait out the timeout.
 
-Inputs read in place. A one-shot exchange of inputs of which each rank takes a part (its
-block of each, in an all-to-all or a reduce-scatter: `reads`) copies a whole input into an
-area for its peers to copy a part back out. From `reads_inputs_from` (DIRECT_INPUT_BYTES,
-where direct reads work and every rank has a core; an input also fits an area, so by
-default that is 1 MiB on 2 ranks, and none on more) it copies nothing instead: each rank
-writes the address of its input in its call line, and once the lines have come and agree,
-reads the part it takes of each peer's input straight out of the peer's memory, into place
-where the caller says (`into`: the all-to-all's result) or into scratch, and copies its own
-part. It then counts the turn in its read line, and returns once every peer's has counted
-it: they were reading its input. Measured on 2 ranks (README, "A second machine"), a 1 MiB
-all-to-all took 1.3x-1.5x MPICH's time where through the areas it took 3.1x-3.7x; inputs
-taken whole (an all-reduce's) stayed faster through the areas, whose reader reduces straight
-out of them, and below 1 MiB the areas, which stay in the caches, were faster. The choice
-follows from the size and `reads`, which every rank of a call says alike (its own block of
-each input), so all take the same one; the general path passes the same `reads` as the
-lane.
+Inputs read in place. Through the areas, a one-shot exchange copies each rank's whole input
+into its area, for its peers to copy what they take back out. Where the caller names what each
+rank takes of each input (`reads`: its own block of each, in an all-to-all or a reduce-scatter;
+every input whole, in an all-gather), and that is at least `reads_inputs_from`
+(DIRECT_INPUT_BYTES, where direct reads work and every rank has a core; an input also fits an
+area, so by default that is a 1 MiB all-to-all or reduce-scatter, or a 1 or 2 MiB all-gather,
+on 2 ranks, and none on more), it copies nothing instead: each rank writes the address of its
+input in its call line, and once the lines have come and agree, reads what it takes of each
+peer's input straight out of the peer's memory, into place where the caller says (`into`: the
+result of an all-to-all or an all-gather) or into scratch, and copies its own part. It then
+counts the turn in its read line, and returns once every peer's has counted it: they were
+reading its input. A read is a system call and, across cores, two to three times a copy's time
+a byte here, so it pays where it saves more than a copy. Measured on 2 ranks (README, "A second
+machine"): a 1 MiB all-gather took 133-174 us where through the areas it took 224-312, a 2 MiB
+one 261-306 against 557-690; below 1 MiB, where the areas stay in the caches, the areas were as
+fast or faster (an all-to-all of 256 KiB read in place took 56-64 us, against 49-52). Inputs
+that one rank takes whole (a gather's root, a broadcast's others) or reduces (an all-reduce's)
+also stayed faster through the areas, whose copies the writers share and whose readers work
+straight out of them. Every rank of a call names alike what it takes, so all take the same
+exchange; the general path names the same as the lane.
 
 Folded checks. A call whose check is handed over (`check_first`) makes it in its first
 exchange: the rank first publishes what fits in its free slots, then checks (every rank's call
@@ -149,6 +153,7 @@ where the CPU polls them.
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 import struct
@@ -162,7 +167,7 @@ from .base import (CALL_WORDS, MESSAGES, Exchange, Moved, Reads, ReduceOp, Trans
                    kept)
 from .bootstrap import duplicated, on_one_node, start
 from .errors import CollectiveError, InvalidArgumentError, MismatchError, PeerFailedError
-from .shared_memory import SHM_DIR, address_of, free_bytes, share_regions
+from .shared_memory import SHM_DIR, address_of, free_bytes, read_peer_bytes, share_regions
 
 LINE = 64  # bytes: a cache line, one counter each
 PAIR_WORDS = struct.Struct("=6Q")  # a pair line's six integers, after its turn
@@ -182,9 +187,9 @@ READ_PIECE_BYTES = 1 << 20
 # The first control lines: three counters, then one per peer (consumed); the slot, call,
 # pair, share and push lines follow (the module's docstring, and `_setup`).
 BARRIER, PUBLISHED, READ, CONSUMED = 0, 1, 2, 3
-# One-shot inputs of at least this size are read in place (see "Inputs read in place"), where
-# direct reads work and every rank has a core.
-DIRECT_INPUT_BYTES = 1 << 20
+# One-shot inputs of which each rank takes at least this much are read in place (see "Inputs
+# read in place"), where direct reads work and every rank has a core.
+DIRECT_INPUT_BYTES = 512 << 10
 KEPT_EXCHANGES = 64  # one-shot exchanges kept, one per (shape, dtype) seen (and reads)
 PAIR_AREA_BYTES = PAGE  # a pair's message up to this size each way goes through pair areas
 INLINE = 1 << 61  # marks a pair line's first word: the message lies in the sender's pair area
@@ -444,8 +449,8 @@ class SlotTransport(Transport):
         # run: direct reads work, and every rank has a core (the times of ranks that share one
         # measure the scheduler). None: through the slots.
         self.roads = Roads() if self.single_copy and not self.oversubscribed else None
-        # One-shot inputs from here up are read in place, where each rank takes part of each
-        # (see "Inputs read in place"); None: none are.
+        # One-shot inputs of which each rank takes this much or more are read in place, where
+        # the caller names what it takes (see "Inputs read in place"); None: none are.
         self.reads_inputs_from = DIRECT_INPUT_BYTES if self.roads is not None else None
         # A checked pair's messages from here up each way are read in place (see "Pair
         # messages read in place"); None: none are.
@@ -667,19 +672,18 @@ class SlotTransport(Transport):
             if divide != 1:
                 piece = into[lo:hi].view(accbuf.dtype)
                 self.xp.true_divide(piece, divide, out=piece)
-            self._move(self.memory.write, dst, target + lo, into[lo:hi],
-                       f"write its result into rank {self.named(dst)}")
+            self._move(self.memory.write, dst, f"write its result into rank {self.named(dst)}",
+                       target + lo, into[lo:hi])
         self._consumed(src)
         self._pushes[dst] = turn
         self._own[(self._push_line + dst) * WORDS + 3] = turn  # our result to dst has landed
 
-    def _move(self, move: Callable[[int, int, Any], None], peer: int, address: int, data: Any,
-              what: str) -> None:
-        """`move` (memory.read or memory.write) between `data` and `address` in `peer`'s
-        memory; if the peer died, or the kernel changed its mind, an error that says `what`
-        could not be done."""
+    def _move(self, move: Callable[..., None], peer: int, what: str, *args: Any) -> None:
+        """move(peer's pid, *args): a move between this rank's memory and `peer`'s (memory.read
+        or memory.write, or read_peer_bytes); if the peer died, or the kernel changed its
+        mind, an error that says `what` could not be done."""
         try:
-            move(self._pids[peer], address, data)
+            move(self._pids[peer], *args)
         except OSError as error:
             self._check_peer(peer, thorough=True)
             raise CollectiveError(f"rank {self.named(self.rank)} could not {what}"
@@ -767,8 +771,8 @@ class SlotTransport(Transport):
         if theirs & INLINE:
             into.data.cast("B")[:] = self._pair_in[peer][turn & 1][:into.nbytes]
         elif theirs & IN_PLACE:
-            self._move(self.memory.read, peer, self._ctl[peer][line + WORDS - 1],
-                       into.view(numpy.uint8), f"read rank {self.named(peer)}'s message")
+            self._move(self.memory.read, peer, f"read rank {self.named(peer)}'s message",
+                       self._ctl[peer][line + WORDS - 1], into.view(numpy.uint8))
             self._own[(self._share_line + peer) * WORDS + 3] = turn  # we have read it
         else:  # the peer's message goes the general way (checked): ours goes that way too
             self._sendrecv(mine, peer, into, peer)
@@ -887,8 +891,8 @@ class SlotTransport(Transport):
         """Take the message at `address` in `src`'s memory: copy it into `into` in one go, or
         reduce it a piece at a time through scratch that stays in cache."""
         if op is None:
-            self._move(self.memory.read, src, address, into,
-                       f"read rank {self.named(src)}'s message")
+            self._move(self.memory.read, src, f"read rank {self.named(src)}'s message",
+                       address, into)
             return
         for _ in self._reduced_pieces(src, address, into, dtype, op, inbuf):
             pass
@@ -903,8 +907,8 @@ class SlotTransport(Transport):
             hi = min(lo + READ_PIECE_BYTES, into.size)
             if isinstance(message, int):
                 arrived = self._scratch[:hi - lo]
-                self._move(self.memory.read, src, message + lo, arrived,
-                           f"read rank {self.named(src)}'s message")
+                self._move(self.memory.read, src, f"read rank {self.named(src)}'s message",
+                           message + lo, arrived)
             else:
                 arrived = message[lo:hi]
             op(mine[lo:hi].view(dtype), arrived.view(dtype), out=into[lo:hi].view(dtype))
@@ -919,8 +923,8 @@ class SlotTransport(Transport):
         self.wait(lambda: theirs[asked] > seq or self._has_taken(dst, seq), dst,
                   "its message to be asked for")
         if theirs[asked] > seq:  # (else the receiver reduced it, reading it all)
-            self._move(self.memory.write, dst, theirs[asked + 1], out[:_sender_part(out.size)],
-                       f"write its message into rank {self.named(dst)}")
+            self._move(self.memory.write, dst, f"write its message into rank {self.named(dst)}",
+                       theirs[asked + 1], out[:_sender_part(out.size)])
         self._own[(self._share_line + dst) * WORDS + 2] = seq + 1  # our part has landed
 
     def _take_shared(self, src: int, address: int, into: Any) -> None:
@@ -1063,9 +1067,9 @@ class SlotTransport(Transport):
         """exchange(buf, line, into): publish `buf` (of `shape` and `dtype`, at most an area)
         and its call line (`call_line`: the call's descriptor or zeros, and the size) in this
         turn's one-shot area, and return every rank's area once each has published;
-        CallsDiffer if a descriptor differs. Where each rank takes a part of each input
-        (`reads`), from `reads_inputs_from`, the inputs are read in place instead
-        (`_new_exchange_in_place`).
+        CallsDiffer if a descriptor differs. Where each rank names what it takes of each input
+        (`reads`), and that is `reads_inputs_from` or more, the inputs are read in place
+        instead (`_new_exchange_in_place`).
 
         The areas alternate between turns. Reusing one is safe without asking: a peer
         publishes turn t-1 only after reading turn t-2, and we saw every peer's turn t-1.
@@ -1076,9 +1080,9 @@ class SlotTransport(Transport):
         rank's own lines, and calls for the copy and for `settle` took 1.9.)
         """
         if reads is not None and self.reads_inputs_from is not None:  # (few exchanges name reads)
-            nbytes = math.prod(shape) * numpy.dtype(dtype).itemsize
-            if nbytes >= self.reads_inputs_from \
-                    and all(lo < hi < lo + nbytes for lo, hi in reads):
+            # (The same on every rank, for the reads that the collectives name: a block each
+            # of an all-to-all or a reduce-scatter, every input whole of an all-gather.)
+            if min(hi - lo for lo, hi in reads) >= self.reads_inputs_from:
                 return kept(self._exchanges, (shape, dtype, reads), KEPT_EXCHANGES,
                             lambda: self._new_exchange_in_place(shape, dtype, reads))
         return kept(self._exchanges, (shape, dtype), KEPT_EXCHANGES,
@@ -1141,20 +1145,29 @@ class SlotTransport(Transport):
         rank, size = self.rank, self.size
         if self._inputs_read is None:
             self._inputs_read = numpy.empty(size * self._area_bytes, numpy.uint8)
-        flat = [self._inputs_read[r * self._area_bytes:][:nbytes] for r in range(size)]
-        inputs = [f.view(dtype).reshape(shape) for f in flat]
-        scratch = [f[lo:hi] for f, (lo, hi) in zip(flat, reads)]
-        own_lo, own_hi = reads[rank]
-        wanted = [(r, lo, hi) for r, (lo, hi) in enumerate(reads) if r != rank and lo < hi]
+        scratch = self._inputs_read
+        inputs = [scratch[r * self._area_bytes:][:nbytes].view(dtype).reshape(shape)
+                  for r in range(size)]
+        # Each rank's bytes: (rank, lo, length, where they land: from the first byte of `into`,
+        # and of scratch). The copies and reads go by address: a view of each place would
+        # cost a call more than its read's own Python.
+        landing, placed = [], 0
+        for r, (lo, hi) in enumerate(reads):
+            if lo < hi:
+                landing.append((r, lo, hi - lo, (placed, r * self._area_bytes + lo)))
+                placed += hi - lo
+        ours = [(lo, length, at) for r, lo, length, at in landing if r == rank]
+        wanted = [(r, lo, length, at, f"read rank {self.named(r)}'s input")
+                  for r, lo, length, at in landing if r != rank]
         address = [(self._call_line + area) * WORDS + CALL_WORDS + 1 for area in range(2)]
-        own, lines, read = self._own, self._call_lines, self.memory.read
+        own, lines = self._own, self._call_lines
         peers = [ctl for r, ctl in enumerate(self._ctl) if r != rank]
 
-        def exchange(buf: Any, line: memoryview, into: list[Any] | None = None) -> Any:
+        def exchange(buf: Any, line: memoryview, into: Any | None = None) -> Any:
             self._one_shots = turn = self._one_shots + 1
             mine, theirs = lines[turn & 1]
             mine[:] = line
-            own[address[turn & 1]] = address_of(buf)
+            own[address[turn & 1]] = ours_at = address_of(buf)
             own[PUBLISHED * WORDS] = turn  # last: the line and the address are now visible
             for peer in peers:
                 if peer[PUBLISHED * WORDS] < turn:
@@ -1163,12 +1176,13 @@ class SlotTransport(Transport):
                 if their_line != mine:
                     self._answer_messages(line, theirs)
                     self._compare_lines(line, theirs)  # raises, nothing taken
-            places = scratch if into is None else into
-            if own_lo < own_hi:
-                places[rank][...] = buf.reshape(-1).view(numpy.uint8)[own_lo:own_hi]
-            for r, lo, hi in wanted:
-                self._move(read, r, self._ctl[r][address[turn & 1]] + lo, places[r],
-                           f"read rank {self.named(r)}'s input")
+            where = 1 if into is None else 0
+            base = address_of(scratch if into is None else into)
+            for lo, length, at in ours:
+                ctypes.memmove(base + at[where], ours_at + lo, length)
+            for r, lo, length, at, what in wanted:
+                self._move(read_peer_bytes, r, what, self._ctl[r][address[turn & 1]] + lo,
+                           base + at[where], length)
             own[READ * WORDS] = turn
             if not self._everyone(READ, turn):
                 self.wait(lambda: self._everyone(READ, turn), None, "its input to be read",
