@@ -8,7 +8,10 @@ receive last.
 
 Small equal blocks take one exchange instead (`one_shot_all_gather`): every rank publishes its
 block and reads every other's at once, the call's check riding along. It moves the same bytes
-as the ring, (N-1)/N of the output each way, but waits once instead of N-1 times.
+as the ring, (N-1)/N of the output each way, but waits once instead of N-1 times. Where the
+transport reads each block straight out of its owner's memory into place
+(`Transport.reads_in_place`: shm, on ranks with a core each), blocks of any size take it:
+each is then copied once, as in the ring, with one wait.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 
 from transports.base import Transport
 
+from .arrays import overlap
 from .blocks import every_input
 from .ring import all_gather_pass
 
@@ -33,6 +37,9 @@ def one_shot_all_gather(transport: Transport, mine: Any, work: Any,
     bounds[r]) from one exchange (`Transport.all_inputs`), which also carries the call's
     descriptor when the caller checks."""
     transport.at("one-shot")
-    inputs = transport.all_inputs(mine, reads=every_input(mine.nbytes, transport.size))
-    for (lo, hi), block in zip(bounds, inputs):
-        work[lo:hi] = block
+    placed = not overlap(mine, work, transport.xp)  # (in place: peers read `mine` meanwhile)
+    inputs = transport.all_inputs(mine, reads=every_input(mine.nbytes, transport.size),
+                                  into=work if placed else None)
+    if not placed:
+        for (lo, hi), block in zip(bounds, inputs):
+            work[lo:hi] = block

@@ -28,7 +28,9 @@ block for rank j, `recv_bounds[i]` the one from rank i.
 Small equal blocks take one exchange instead (`one_shot_all_to_all`): each rank publishes its
 whole buffer and takes its own block out of every other's. N-1 steps each wait for one peer;
 on ranks that outnumber cores, each such wait may wait for the peer to be scheduled, so one
-wait for all pays that once.
+wait for all pays that once. Where the transport reads each block straight out of its owner's
+memory into place (`Transport.reads_in_place`: shm, on ranks with a core each), equal blocks
+of any size take it: each block then moves once, as in the pairwise exchange, with one wait.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import Any
 
 from transports.base import Transport
 
+from .arrays import overlap
 from .blocks import own_blocks
 
 
@@ -84,10 +87,13 @@ def one_shot_all_to_all(transport: Transport, mine: Any, work: Any,
     rank, size = transport.rank, transport.size
     transport.at("one-shot")
     mine_lo, mine_hi = bounds[rank]
+    placed = not overlap(mine, work, transport.xp)  # (in place: peers read `mine` meanwhile)
     inputs = transport.all_inputs(mine, counted=False,
-                                  reads=own_blocks(bounds, rank, mine.itemsize))
+                                  reads=own_blocks(bounds, rank, mine.itemsize),
+                                  into=work if placed else None)
     for step in range(1, size):
         dst, src = (rank + step) % size, (rank - step) % size
         transport.count(mine[slice(*bounds[dst])], dst, work[slice(*bounds[src])], src)
-    for src, (lo, hi) in enumerate(bounds):
-        work[lo:hi] = inputs[src][mine_lo:mine_hi]
+    if not placed:
+        for src, (lo, hi) in enumerate(bounds):
+            work[lo:hi] = inputs[src][mine_lo:mine_hi]

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 
 import numpy
 
-from transports.base import Stats, Transport
+from transports.base import Reads, Stats, Transport
 from transports.errors import CollectiveError, InvalidArgumentError, InvalidTypeError
 
 from .all_gather import one_shot_all_gather, ring_all_gather
@@ -26,7 +26,7 @@ from .all_reduce import auto_algorithm, one_shot_all_reduce, ring_all_reduce
 from .all_to_all import one_shot_all_to_all, pairwise_all_to_all
 from .arguments import check_buffers, check_root, check_writeable, output
 from .arrays import flat_work, overlap, same_memory
-from .blocks import check_counts, exchanged, gathered, split
+from .blocks import check_counts, every_input, exchanged, gathered, own_blocks, split
 from .broadcast import one_shot_broadcast, ring_broadcast
 from .calls import collective, current_device, on_callers_stream
 from .check import (LEFT_WAITING, MESSAGES, MessagesDiffer, agree, descriptor, disagreement,
@@ -341,8 +341,9 @@ class Communicator:
         counts, bounds, shape = gathered("all_gather", counts, sendbuf, self.size, self.rank)
         recvbuf = output(recvbuf, shape, sendbuf.dtype, xp)
         work, copied = flat_work(recvbuf, xp)
-        if counts is None and self._one_shot(sendbuf):
-            # Small equal blocks: one exchange, which carries the call check along.
+        if counts is None and self._one_shot(sendbuf, every_input(sendbuf.nbytes, self.size)):
+            # Small equal blocks, or any read in place: one exchange, which carries the call
+            # check along.
             self._begin("all_gather", sendbuf.size, sendbuf.dtype, folded=True)
             one_shot_all_gather(self._transport, flat_work(sendbuf, xp)[0], work, bounds)
         else:
@@ -605,11 +606,12 @@ class Communicator:
         work, copied = flat_work(recvbuf, xp)
         mine = flat_work(sendbuf, xp)[0]
         transport = self._transport
-        if counts is None and self._one_shot(sendbuf):
-            # Small equal blocks: one exchange, which carries the call check along (and
-            # publishes `mine` before anything lands in `work`, so in place needs no copy).
-            # (Whether a rank traces never changes the way: ranks may differ in it. The
-            # explainer shows the pairwise steps with one_shot_bytes=0.)
+        if counts is None and self._one_shot(
+                sendbuf, own_blocks(send_bounds, self.rank, sendbuf.itemsize)):
+            # Small equal blocks, or any read in place: one exchange, which carries the call
+            # check along (and publishes `mine` before anything lands in `work`, so in place
+            # needs no copy). (Whether a rank traces never changes the way: ranks may differ
+            # in it. The explainer shows the pairwise steps with one_shot_bytes=0.)
             self._begin("all_to_all", total, sendbuf.dtype, folded=True)
             one_shot_all_to_all(transport, mine, work, send_bounds)
         else:
@@ -856,10 +858,14 @@ class Communicator:
             raise CollectiveError(f"rank {self.rank}: this communicator cannot be used since "
                                   f"{self._broken}; make a new one")
 
-    def _one_shot(self, sendbuf: Any) -> bool:
+    def _one_shot(self, sendbuf: Any, reads: Reads | None = None) -> bool:
         """Whether a call on `sendbuf` (equal blocks) takes one exchange: on two or more ranks,
-        up to `one_shot_bytes`, as the small all-reduce does."""
-        return self.size > 1 and 0 < sendbuf.nbytes <= self._transport.one_shot_bytes
+        up to `one_shot_bytes`, as the small all-reduce does; or at any size where the
+        transport reads in place what each rank takes (`reads`: an all-to-all's or an
+        all-gather's, which place it where it belongs)."""
+        return self.size > 1 and 0 < sendbuf.nbytes and (
+            sendbuf.nbytes <= self._transport.one_shot_bytes
+            or reads is not None and self._transport.reads_in_place(reads))
 
     def _begin(self, collective: str, count: int = -1, dtype: Any = None, op: str | None = None,
                root: int = -1, folded: bool = False, counts: tuple | None = None,

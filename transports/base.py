@@ -357,8 +357,15 @@ class Transport(ABC):
         a whole send may wait for its receiver."""
         return 0
 
-    def all_inputs(self, buf: Any, counted: bool = True,
-                   reads: Reads | None = None) -> list[Any]:
+    def reads_in_place(self, reads: Reads) -> bool:
+        """Whether `all_inputs` reads what each rank takes of each input (`reads`) straight out
+        of its owner's memory: then at any size, each input staying where it lies, so that a
+        collective that places what it takes (`into`) may take one exchange however large.
+        False here: the inputs move."""
+        return False
+
+    def all_inputs(self, buf: Any, counted: bool = True, reads: Reads | None = None,
+                   into: Any | None = None) -> list[Any] | None:
         """Every rank's `buf`, in rank order.
 
         Every rank calls it with a contiguous buffer of the same shape and dtype; the arrays
@@ -367,7 +374,9 @@ class Transport(ABC):
         returning. Uncounted, the exchange stays out of `stats` and traces: the call check uses
         it, so that they show only the collectives' own traffic. `reads`: which bytes of each
         input this rank takes (`prepare_all_inputs`); every rank of the call says the same of
-        its own, or none does.
+        its own, or none does. `into` (a contiguous array apart from `buf`): those bytes land
+        there instead, rank after rank, back to back, and None is returned; whether it is
+        given may differ from rank to rank.
         """
         if not buf.flags.c_contiguous:
             raise ValueError("transports move contiguous arrays only")
@@ -380,23 +389,27 @@ class Transport(ABC):
             stats.bytes_sent += peers * nbytes
             stats.bytes_received += peers * nbytes
             stats.messages += peers
-            return self._all_inputs(buf, call, reads)
-        if not peers or (not nbytes and call is None):
-            return [buf.copy() for _ in range(self.size)]
-        if not counted or not nbytes:
-            return self._all_inputs(buf, call, reads)
-        records = []  # while tracing: one exchange, so its records span it alike
-        for step in range(1, self.size):
-            record = self._count("copy", buf, (self.rank + step) % self.size,
-                                 buf, (self.rank - step) % self.size)
-            if record is not None:
-                records.append(record)
-        inputs = self._all_inputs(buf, call, reads)
-        if records:
-            start, end = records[0]["start"], time.perf_counter()
-            for record in records:
-                record["start"], record["end"] = start, end
-        return inputs
+            inputs = self._all_inputs(buf, call, reads, into)
+        elif not peers or (not nbytes and call is None):
+            inputs = [buf.copy() for _ in range(self.size)]
+        elif not counted or not nbytes:
+            inputs = self._all_inputs(buf, call, reads, into)
+        else:
+            records = []  # while tracing: one exchange, so its records span it alike
+            for step in range(1, self.size):
+                record = self._count("copy", buf, (self.rank + step) % self.size,
+                                     buf, (self.rank - step) % self.size)
+                if record is not None:
+                    records.append(record)
+            inputs = self._all_inputs(buf, call, reads, into)
+            if records:
+                start, end = records[0]["start"], time.perf_counter()
+                for record in records:
+                    record["start"], record["end"] = start, end
+        if into is None or inputs is None:
+            return inputs
+        place(inputs, reads, into)
+        return None
 
     def prepare_all_inputs(self, shape: tuple[int, ...], dtype: Any, collective: str,
                            call: tuple[int, ...] | None, moved: list[Moved] | None = None,
@@ -576,10 +589,12 @@ class Transport(ABC):
         for lo, hi in segments(sendbuf.size, sendbuf.itemsize, self.segment_bytes):
             self._sendrecv(sendbuf[lo:hi], dst, None, None)
 
-    def _all_inputs(self, buf: Any, call: tuple[int, ...] | None,
-                    reads: Reads | None = None) -> list[Any]:
+    def _all_inputs(self, buf: Any, call: tuple[int, ...] | None, reads: Reads | None = None,
+                    into: Any | None = None) -> list[Any] | None:
         """The descriptors first, when a call is carried, then the data: two exchanges where a
-        transport that can carry both at once takes one (every input moves whole)."""
+        transport that can carry both at once takes one (every input moves whole, and
+        `all_inputs` places it `into`; a transport that reads inputs in place lands them there
+        itself, and returns None)."""
         if call is not None:
             calls = [tuple(c.tolist()) for c in self._exchange(self.xp.array(call, "u8"))]
             if calls.count(call) != self.size:

@@ -172,9 +172,9 @@ class HierarchicalTransport(Transport):
     def _send_reduced(self, sendbuf: Any, dst: int) -> None:
         self.world._send_reduced(sendbuf, dst)
 
-    def _all_inputs(self, buf: Any, call: tuple[int, ...] | None,
-                    reads: Reads | None = None) -> list[Any]:
-        return self.world._all_inputs(buf, call, reads)
+    def _all_inputs(self, buf: Any, call: tuple[int, ...] | None, reads: Reads | None = None,
+                    into: Any | None = None) -> list[Any] | None:
+        return self.world._all_inputs(buf, call, reads, into)
 
     def _barrier(self) -> None:
         self.world._barrier()

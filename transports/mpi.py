@@ -316,8 +316,8 @@ class MPITransport(Transport):
         self._count("copy", mine, peer, into, peer)
         return True
 
-    def _all_inputs(self, buf: Any, call: tuple[int, ...] | None,
-                    reads: Reads | None = None) -> list[Any]:
+    def _all_inputs(self, buf: Any, call: tuple[int, ...] | None, reads: Reads | None = None,
+                    into: Any | None = None) -> list[Any] | None:
         """One message per peer carries a header, the call's descriptor (zeros when no call is
         checked) and the size of the input, and, when the input is small (up to
         `one_shot_bytes`), the input too (`_one_shot_exchange`): a small call checks itself

@@ -1040,16 +1040,24 @@ class SlotTransport(Transport):
                 return False
         return True
 
-    def _all_inputs(self, buf: Any, call: tuple[int, ...] | None,
-                    reads: Reads | None = None) -> list[Any]:
-        """Every rank's `buf` through the one-shot areas (`_one_shot_exchange`), or, larger than
-        an area, the call checked in an area and the data the long way."""
-        if buf.nbytes > self._area_bytes:
+    def _all_inputs(self, buf: Any, call: tuple[int, ...] | None, reads: Reads | None = None,
+                    into: Any | None = None) -> list[Any] | None:
+        """Every rank's `buf` through the one-shot areas (`_one_shot_exchange`), or read in
+        place at any size; or, larger than an area, the call checked in an area and the data
+        the long way."""
+        if buf.nbytes > self._area_bytes and not (reads is not None and self.reads_in_place(reads)):
             if call is not None:
                 self._all_inputs(buf[:0], call)
             return self._exchange(buf)
         return self._one_shot_exchange(buf.shape, buf.dtype, reads)(
-            buf, call_line(call, buf.nbytes))
+            buf, call_line(call, buf.nbytes), into)
+
+    def reads_in_place(self, reads: Reads) -> bool:
+        """From `reads_inputs_from` taken of each input (see "Inputs read in place"). (The same
+        on every rank, for the reads that the collectives name: a block each of an all-to-all
+        or a reduce-scatter, every input whole of an all-gather.)"""
+        return self.reads_inputs_from is not None \
+            and min(hi - lo for lo, hi in reads) >= self.reads_inputs_from
 
     def prepare_all_inputs(self, shape: tuple[int, ...], dtype: Any, collective: str,
                            call: tuple[int, ...] | None, moved: list[Moved] | None = None,
@@ -1079,12 +1087,9 @@ class SlotTransport(Transport):
         with a peer always ready, 1.6 us, where lines of bytes, the peers' list with this
         rank's own lines, and calls for the copy and for `settle` took 1.9.)
         """
-        if reads is not None and self.reads_inputs_from is not None:  # (few exchanges name reads)
-            # (The same on every rank, for the reads that the collectives name: a block each
-            # of an all-to-all or a reduce-scatter, every input whole of an all-gather.)
-            if min(hi - lo for lo, hi in reads) >= self.reads_inputs_from:
-                return kept(self._exchanges, (shape, dtype, reads), KEPT_EXCHANGES,
-                            lambda: self._new_exchange_in_place(shape, dtype, reads))
+        if reads is not None and self.reads_in_place(reads):  # (few exchanges name reads)
+            return kept(self._exchanges, (shape, dtype, reads), KEPT_EXCHANGES,
+                        lambda: self._new_exchange_in_place(shape, dtype, reads))
         return kept(self._exchanges, (shape, dtype), KEPT_EXCHANGES,
                     lambda: self._new_one_shot_exchange(shape, dtype))
 
@@ -1140,21 +1145,29 @@ class SlotTransport(Transport):
         own, say so, and return once every peer has said so too (they read `buf`). The bytes
         land in `into` where it is given (`prepare_all_inputs`), and the exchange returns
         None; else in scratch, returned as every rank's input (holding only the bytes `reads`
-        names)."""
+        names): an area's worth a rank, kept, or for an input larger than an area (read in
+        place at any size), its own size a rank, for the call."""
         nbytes = math.prod(shape) * numpy.dtype(dtype).itemsize
         rank, size = self.rank, self.size
-        if self._inputs_read is None:
-            self._inputs_read = numpy.empty(size * self._area_bytes, numpy.uint8)
-        scratch = self._inputs_read
-        inputs = [scratch[r * self._area_bytes:][:nbytes].view(dtype).reshape(shape)
-                  for r in range(size)]
+        stride = max(self._area_bytes, nbytes)  # between two ranks' inputs in scratch
+
+        def made_scratch() -> tuple[Any, list[Any]]:
+            if nbytes > self._area_bytes:
+                scratch = numpy.empty(size * stride, numpy.uint8)
+            else:
+                if self._inputs_read is None:
+                    self._inputs_read = numpy.empty(size * stride, numpy.uint8)
+                scratch = self._inputs_read
+            return scratch, [scratch[r * stride:][:nbytes].view(dtype).reshape(shape)
+                             for r in range(size)]
+        kept_scratch = made_scratch() if nbytes <= self._area_bytes else None
         # Each rank's bytes: (rank, lo, length, where they land: from the first byte of `into`,
         # and of scratch). The copies and reads go by address: a view of each place would
         # cost a call more than its read's own Python.
         landing, placed = [], 0
         for r, (lo, hi) in enumerate(reads):
             if lo < hi:
-                landing.append((r, lo, hi - lo, (placed, r * self._area_bytes + lo)))
+                landing.append((r, lo, hi - lo, (placed, r * stride + lo)))
                 placed += hi - lo
         ours = [(lo, length, at) for r, lo, length, at in landing if r == rank]
         wanted = [(r, lo, length, at, f"read rank {self.named(r)}'s input")
@@ -1176,6 +1189,8 @@ class SlotTransport(Transport):
                 if their_line != mine:
                     self._answer_messages(line, theirs)
                     self._compare_lines(line, theirs)  # raises, nothing taken
+            if into is None:
+                scratch, inputs = kept_scratch or made_scratch()
             where = 1 if into is None else 0
             base = address_of(scratch if into is None else into)
             for lo, length, at in ours:
