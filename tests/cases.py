@@ -572,6 +572,69 @@ def small_lanes_case(comm: Any, dtype: str, op: str, read_in_place: bool = False
     return out
 
 
+# Elements in a block of `large_read_in_place_case`: more than a page (an area of the "ring"
+# variant) at any itemsize.
+LARGE_IN_PLACE = 5000
+
+
+def large_read_in_place_case(comm: Any, dtype: str) -> dict:
+    """All-to-alls and all-gathers of blocks larger than the transport's one-shot area, every
+    exchange that can read its inputs in place doing so, whatever their size: each then takes
+    one exchange (transports/slots.py, "Inputs read in place"). Each result by itself, into a
+    recvbuf, into a strided one, in place, and with rank 0 alone strided; then how many
+    peers' inputs each rank read in place (None: the transport cannot read a peer's memory),
+    and, where it can, what a mismatched call left in its result."""
+    transport, rank, size = comm._transport, comm.rank, comm.size
+    can_read = getattr(transport, "single_copy", False)
+    reads_from, read = getattr(transport, "reads_inputs_from", None), []
+    if can_read:  # (on ranks that share cores too)
+        transport.reads_inputs_from = 1
+        move = transport._move
+
+        def counted(*args: Any) -> Any:
+            if args[2].endswith("'s input"):  # (`_new_exchange_in_place`'s reads)
+                read.append(args[1])
+            return move(*args)
+        transport._move = counted
+    blocks = values(rank, size * LARGE_IN_PLACE, dtype).reshape(size, LARGE_IN_PLACE)
+    mine = values(rank, LARGE_IN_PLACE, dtype)
+    out: dict[str, Any] = {}
+    try:
+        for name, x in (("all_to_all", blocks), ("all_gather", mine)):
+            call = getattr(comm, name)
+            out[name] = call(x)
+            into = numpy.empty((size, LARGE_IN_PLACE), dtype)
+            strided = _strided(numpy.empty((size, LARGE_IN_PLACE), dtype))
+            call(x, into)
+            call(x, strided)
+            if name == "all_to_all":
+                in_place = blocks.copy()
+                call(in_place, in_place)
+            else:  # MPI_IN_PLACE: each rank's input is its block of recvbuf
+                in_place = numpy.empty((size, LARGE_IN_PLACE), dtype)
+                in_place[rank] = mine
+                call(in_place[rank], in_place)
+            out.update({f"{name} into": into, f"{name} strided": strided,
+                        f"{name} in place": in_place,
+                        f"{name} mixed": call(_strided(x) if rank == 0 else x.copy())})
+        if can_read:  # rank 0's all-to-all meets the others' all-gathers: all raise
+            into = numpy.zeros((size, LARGE_IN_PLACE), dtype)
+            try:
+                if rank == 0:
+                    comm.all_to_all(blocks, into)
+                else:
+                    comm.all_gather(mine, into)
+                out["mismatch"] = "no error"
+            except MismatchError:
+                out["mismatch"] = "untouched" if not into.any() else "written"
+    finally:
+        if can_read:
+            transport.reads_inputs_from = reads_from
+            del transport._move
+    out["read in place"] = len(read) if can_read else None
+    return out
+
+
 def _small_lanes(comm: Any, dtype: str, op: str) -> dict:
     """Each call that has a small-call lane (collectives/small.py) besides all_reduce (a
     sendrecv around the ring too), once its kind is known: by the lane, by the general path

@@ -20,7 +20,8 @@ import pytest
 
 import collectives
 from collectives.ops import identity
-from cases import LANES, LARGE_BLOCK, assert_matches, reduce_reference, values
+from cases import (LANES, LARGE_BLOCK, LARGE_IN_PLACE, assert_matches, reduce_reference,
+                   values)
 from launch import mpiexec
 from transports.mpi import KEPT_SIZES
 
@@ -128,6 +129,28 @@ def test_every_lane_is_right_with_its_inputs_read_in_place(run, dtype, op):
             # every call of the three (6 reduce-scatters, 7 all-to-alls, 6 all-gathers), from
             # every peer
             assert outcome["read in place"] == 19 * (SIZE - 1), outcome["read in place"]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "int8"])
+def test_all_to_alls_and_all_gathers_read_in_place_take_one_exchange_at_any_size(run, dtype):
+    """With every exchange that can read its inputs in place doing so, all-to-alls and
+    all-gathers of blocks larger than an area take one exchange: each result is NumPy's in
+    every form (by itself, into a recvbuf, a strided one, in place, rank 0 alone strided),
+    each call read every peer's input in place where a rank can read its peers' memory (shm),
+    and a mismatch raises on every rank, leaving the results untouched."""
+    for rank, outcome in enumerate(run("large_read_in_place_case", SIZE, "ring", dtype=dtype)):
+        blocks = [values(r, SIZE * LARGE_IN_PLACE, dtype).reshape(SIZE, LARGE_IN_PLACE)
+                  for r in range(SIZE)]
+        want = {"all_to_all": numpy.stack([theirs[rank] for theirs in blocks]),
+                "all_gather": numpy.stack([values(r, LARGE_IN_PLACE, dtype)
+                                           for r in range(SIZE)])}
+        for name, expected in want.items():
+            for form in ("", " into", " strided", " in place", " mixed"):
+                assert numpy.array_equal(outcome[name + form], expected), (name, form)
+        if outcome["read in place"] is not None:  # (shm, with direct reads)
+            # five calls of each, from every peer
+            assert outcome["read in place"] == 10 * (SIZE - 1), outcome["read in place"]
+            assert outcome["mismatch"] == "untouched", outcome["mismatch"]
 
 
 def test_prepared_exchanges_outlive_a_sweep_of_more_sizes_than_the_transport_keeps(run):
