@@ -37,9 +37,7 @@ def one_shot_all_gather(transport: Transport, mine: Any, work: Any,
     bounds[r]) from one exchange (`Transport.all_inputs`), which also carries the call's
     descriptor when the caller checks."""
     transport.at("one-shot")
-    placed = not overlap(mine, work, transport.xp)  # (in place: peers read `mine` meanwhile)
-    inputs = transport.all_inputs(mine, reads=every_input(mine.nbytes, transport.size),
-                                  into=work if placed else None)
-    if not placed:
-        for (lo, hi), block in zip(bounds, inputs):
-            work[lo:hi] = block
+    reads = every_input(mine.nbytes, transport.size)
+    if transport.reads_in_place(reads) and overlap(mine, work, transport.xp):
+        mine = mine.copy()  # in place: peers read `mine` where it lies while blocks land
+    transport.all_inputs(mine, reads=reads, into=work)

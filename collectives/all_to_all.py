@@ -86,14 +86,10 @@ def one_shot_all_to_all(transport: Transport, mine: Any, work: Any,
     published `mine`. Counted as the pairwise exchange is: one block to and from each peer."""
     rank, size = transport.rank, transport.size
     transport.at("one-shot")
-    mine_lo, mine_hi = bounds[rank]
-    placed = not overlap(mine, work, transport.xp)  # (in place: peers read `mine` meanwhile)
-    inputs = transport.all_inputs(mine, counted=False,
-                                  reads=own_blocks(bounds, rank, mine.itemsize),
-                                  into=work if placed else None)
+    reads = own_blocks(bounds, rank, mine.itemsize)
+    if transport.reads_in_place(reads) and overlap(mine, work, transport.xp):
+        mine = mine.copy()  # in place: peers read `mine` where it lies while blocks land
+    transport.all_inputs(mine, counted=False, reads=reads, into=work)
     for step in range(1, size):
         dst, src = (rank + step) % size, (rank - step) % size
         transport.count(mine[slice(*bounds[dst])], dst, work[slice(*bounds[src])], src)
-    if not placed:
-        for src, (lo, hi) in enumerate(bounds):
-            work[lo:hi] = inputs[src][mine_lo:mine_hi]

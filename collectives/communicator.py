@@ -609,9 +609,8 @@ class Communicator:
         if counts is None and self._one_shot(
                 sendbuf, own_blocks(send_bounds, self.rank, sendbuf.itemsize)):
             # Small equal blocks, or any read in place: one exchange, which carries the call
-            # check along (and publishes `mine` before anything lands in `work`, so in place
-            # needs no copy). (Whether a rank traces never changes the way: ranks may differ
-            # in it. The explainer shows the pairwise steps with one_shot_bytes=0.)
+            # check along. (Whether a rank traces never changes the way: ranks may differ in
+            # it. The explainer shows the pairwise steps with one_shot_bytes=0.)
             self._begin("all_to_all", total, sendbuf.dtype, folded=True)
             one_shot_all_to_all(transport, mine, work, send_bounds)
         else:
@@ -860,12 +859,13 @@ class Communicator:
 
     def _one_shot(self, sendbuf: Any, reads: Reads | None = None) -> bool:
         """Whether a call on `sendbuf` (equal blocks) takes one exchange: on two or more ranks,
-        up to `one_shot_bytes`, as the small all-reduce does; or at any size where the
-        transport reads in place what each rank takes (`reads`: an all-to-all's or an
-        all-gather's, which place it where it belongs)."""
+        up to `one_shot_bytes`, as the small all-reduce does; or, unless that is 0 (never), at
+        any size where the transport reads in place what each rank takes (`reads`: an
+        all-to-all's or an all-gather's, which place it where it belongs)."""
+        most = self._transport.one_shot_bytes
         return self.size > 1 and 0 < sendbuf.nbytes and (
-            sendbuf.nbytes <= self._transport.one_shot_bytes
-            or reads is not None and self._transport.reads_in_place(reads))
+            sendbuf.nbytes <= most
+            or most > 0 and reads is not None and self._transport.reads_in_place(reads))
 
     def _begin(self, collective: str, count: int = -1, dtype: Any = None, op: str | None = None,
                root: int = -1, folded: bool = False, counts: tuple | None = None,

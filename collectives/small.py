@@ -431,7 +431,7 @@ def _learn_scatter(comm: Any, key: tuple, root: int, block: tuple[int, ...],
 
 
 def _exchange(comm: Any, exchange: Any, sendbuf: numpy.ndarray,
-              into: list[Any] | None = None) -> Any:
+              into: Any | None = None) -> Any:
     """Number the call and make its exchange: every rank's input, in rank order; or, `into`
     given, the bytes this rank takes of each placed there (`transport.prepare_all_inputs`)."""
     comm._calls = number = comm._calls + 1

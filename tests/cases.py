@@ -572,9 +572,8 @@ def small_lanes_case(comm: Any, dtype: str, op: str, read_in_place: bool = False
     return out
 
 
-# Elements in a block of `large_read_in_place_case`: more than a page (an area of the "ring"
-# variant) at any itemsize.
-LARGE_IN_PLACE = 5000
+# Bytes in a block of `large_read_in_place_case`: more than an area of the "one_shot" variant.
+LARGE_IN_PLACE_BYTES = (1 << 20) + 64
 
 
 def large_read_in_place_case(comm: Any, dtype: str) -> dict:
@@ -585,6 +584,7 @@ def large_read_in_place_case(comm: Any, dtype: str) -> dict:
     peers' inputs each rank read in place (None: the transport cannot read a peer's memory),
     and, where it can, what a mismatched call left in its result."""
     transport, rank, size = comm._transport, comm.rank, comm.size
+    count = LARGE_IN_PLACE_BYTES // numpy.dtype(dtype).itemsize
     can_read = getattr(transport, "single_copy", False)
     reads_from, read = getattr(transport, "reads_inputs_from", None), []
     if can_read:  # (on ranks that share cores too)
@@ -596,29 +596,29 @@ def large_read_in_place_case(comm: Any, dtype: str) -> dict:
                 read.append(args[1])
             return move(*args)
         transport._move = counted
-    blocks = values(rank, size * LARGE_IN_PLACE, dtype).reshape(size, LARGE_IN_PLACE)
-    mine = values(rank, LARGE_IN_PLACE, dtype)
+    blocks = values(rank, size * count, dtype).reshape(size, count)
+    mine = values(rank, count, dtype)
     out: dict[str, Any] = {}
     try:
         for name, x in (("all_to_all", blocks), ("all_gather", mine)):
             call = getattr(comm, name)
             out[name] = call(x)
-            into = numpy.empty((size, LARGE_IN_PLACE), dtype)
-            strided = _strided(numpy.empty((size, LARGE_IN_PLACE), dtype))
+            into = numpy.empty((size, count), dtype)
+            strided = _strided(numpy.empty((size, count), dtype))
             call(x, into)
             call(x, strided)
             if name == "all_to_all":
                 in_place = blocks.copy()
                 call(in_place, in_place)
             else:  # MPI_IN_PLACE: each rank's input is its block of recvbuf
-                in_place = numpy.empty((size, LARGE_IN_PLACE), dtype)
+                in_place = numpy.empty((size, count), dtype)
                 in_place[rank] = mine
                 call(in_place[rank], in_place)
             out.update({f"{name} into": into, f"{name} strided": strided,
                         f"{name} in place": in_place,
                         f"{name} mixed": call(_strided(x) if rank == 0 else x.copy())})
         if can_read:  # rank 0's all-to-all meets the others' all-gathers: all raise
-            into = numpy.zeros((size, LARGE_IN_PLACE), dtype)
+            into = numpy.zeros((size, count), dtype)
             try:
                 if rank == 0:
                     comm.all_to_all(blocks, into)

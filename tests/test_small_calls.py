@@ -20,8 +20,8 @@ import pytest
 
 import collectives
 from collectives.ops import identity
-from cases import (LANES, LARGE_BLOCK, LARGE_IN_PLACE, assert_matches, reduce_reference,
-                   values)
+from cases import (LANES, LARGE_BLOCK, LARGE_IN_PLACE_BYTES, assert_matches,
+                   reduce_reference, values)
 from launch import mpiexec
 from transports.mpi import KEPT_SIZES
 
@@ -131,23 +131,28 @@ def test_every_lane_is_right_with_its_inputs_read_in_place(run, dtype, op):
             assert outcome["read in place"] == 19 * (SIZE - 1), outcome["read in place"]
 
 
-@pytest.mark.parametrize("dtype", ["float64", "int8"])
-def test_all_to_alls_and_all_gathers_read_in_place_take_one_exchange_at_any_size(run, dtype):
+@pytest.mark.parametrize("dtype, variant", [("float64", "one_shot"), ("int8", "one_shot"),
+                                            ("float64", "ring")])
+def test_all_to_alls_and_all_gathers_read_in_place_take_one_exchange_at_any_size(run, dtype,
+                                                                                variant):
     """With every exchange that can read its inputs in place doing so, all-to-alls and
     all-gathers of blocks larger than an area take one exchange: each result is NumPy's in
     every form (by itself, into a recvbuf, a strided one, in place, rank 0 alone strided),
     each call read every peer's input in place where a rank can read its peers' memory (shm),
-    and a mismatch raises on every rank, leaving the results untouched."""
-    for rank, outcome in enumerate(run("large_read_in_place_case", SIZE, "ring", dtype=dtype)):
-        blocks = [values(r, SIZE * LARGE_IN_PLACE, dtype).reshape(SIZE, LARGE_IN_PLACE)
-                  for r in range(SIZE)]
+    and a mismatch raises on every rank, leaving the results untouched. With one_shot_bytes=0
+    ("ring"), none takes one exchange."""
+    count = LARGE_IN_PLACE_BYTES // numpy.dtype(dtype).itemsize
+    outcomes = run("large_read_in_place_case", SIZE, variant, dtype=dtype)
+    for rank, outcome in enumerate(outcomes):
+        blocks = [values(r, SIZE * count, dtype).reshape(SIZE, count) for r in range(SIZE)]
         want = {"all_to_all": numpy.stack([theirs[rank] for theirs in blocks]),
-                "all_gather": numpy.stack([values(r, LARGE_IN_PLACE, dtype)
-                                           for r in range(SIZE)])}
+                "all_gather": numpy.stack([values(r, count, dtype) for r in range(SIZE)])}
         for name, expected in want.items():
             for form in ("", " into", " strided", " in place", " mixed"):
                 assert numpy.array_equal(outcome[name + form], expected), (name, form)
-        if outcome["read in place"] is not None:  # (shm, with direct reads)
+        if outcome["read in place"] is not None and variant == "ring":
+            assert outcome["read in place"] == 0, outcome["read in place"]
+        elif outcome["read in place"] is not None:  # (shm, with direct reads)
             # five calls of each, from every peer
             assert outcome["read in place"] == 10 * (SIZE - 1), outcome["read in place"]
             assert outcome["mismatch"] == "untouched", outcome["mismatch"]

@@ -428,13 +428,13 @@ class Transport(ABC):
         all): the others may be left unmoved (slots.py, "Inputs read in place").
         `exchange(buf, number, into)` instead lands the bytes that `reads` names of each
         rank's input in `into` (a contiguous array that overlaps no byte of `buf` a peer
-        reads), rank after rank, back to back: an all-to-all's result, say, or a broadcast's
-        buffer. A transport may read them straight there; the exchange returns None. Here
-        it is just that; a transport with a leaner way overrides this.
+        reads), rank after rank, back to back: an all-to-all's or an all-gather's result. A
+        transport may read them straight there; the exchange returns None. Here it is just
+        that; a transport with a leaner way overrides this.
         """
         tally = self._tally(moved)
 
-        def exchange(buf: Any, number: int, into: list[Any] | None = None) -> Any:
+        def exchange(buf: Any, number: int, into: Any | None = None) -> Any:
             self.begin(f"{collective} #{number}", None if call is None else (number, *call),
                        "one-shot")
             if moved is None:
@@ -466,7 +466,7 @@ class Transport(ABC):
                                                     else self.every_peer(nbytes))
         stats = self.stats
 
-        def exchange(buf: Any, number: int, into: list[Any] | None = None) -> Any:
+        def exchange(buf: Any, number: int, into: Any | None = None) -> Any:
             if self.trace is not None or self.on_transfer is not None:
                 return general(buf, number, into)
             self._what, self._number = collective, number

@@ -176,6 +176,9 @@ class HierarchicalTransport(Transport):
                     into: Any | None = None) -> list[Any] | None:
         return self.world._all_inputs(buf, call, reads, into)
 
+    def reads_in_place(self, reads: Reads) -> bool:
+        return self.world.reads_in_place(reads)
+
     def _barrier(self) -> None:
         self.world._barrier()
 

@@ -372,7 +372,7 @@ class MPITransport(Transport):
         held: list[Any] = []  # the packet (a `_Shot`) and every rank's input within the packets
 
         def exchange(host: numpy.ndarray, line: memoryview,
-                     into: list[Any] | None = None) -> list[Any]:
+                     into: Any | None = None) -> list[Any]:
             if not held or held[0].freed:  # (calls of other sizes may have pushed it out)
                 shot = self._outgoing(CALL_LINE.size + nbytes)
                 views = [b[CALL_LINE.size:CALL_LINE.size + nbytes] for b in landing.buffers]

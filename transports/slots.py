@@ -94,15 +94,17 @@ Inputs read in place. Through the areas, a one-shot exchange copies each rank's 
 into its area, for its peers to copy what they take back out. Where the caller names what each
 rank takes of each input (`reads`: its own block of each, in an all-to-all or a reduce-scatter;
 every input whole, in an all-gather), and that is at least `reads_inputs_from`
-(DIRECT_INPUT_BYTES, where direct reads work and every rank has a core; an input also fits an
-area, so by default that is a 1 MiB all-to-all or reduce-scatter, or a 1 or 2 MiB all-gather,
-on 2 ranks, and none on more), it copies nothing instead: each rank writes the address of its
-input in its call line, and once the lines have come and agree, reads what it takes of each
-peer's input straight out of the peer's memory, into place where the caller says (`into`: the
-result of an all-to-all or an all-gather) or into scratch, and copies its own part. It then
-counts the turn in its read line, and returns once every peer's has counted it: they were
-reading its input. A read is a system call and, across cores, two to three times a copy's time
-a byte here, so it pays where it saves more than a copy. Measured on 2 ranks (README, "A second
+(DIRECT_INPUT_BYTES, where direct reads work and every rank has a core), it copies nothing
+instead: each rank writes the address of its input in its call line, and once the lines have
+come and agree, reads what it takes of each peer's input straight out of the peer's memory,
+into place where the caller says (`into`: the result of an all-to-all or an all-gather) or into
+scratch, and copies its own part. It then counts the turn in its read line, and returns once
+every peer's has counted it: they were reading its input. Read in place, an input need not fit
+an area: an all-to-all or an all-gather then takes one exchange at any size
+(`Transport.reads_in_place`), placing each block straight where it belongs, as the pairwise
+exchange and the ring would, with one wait (a reduce-scatter's one exchange still fits an area,
+into scratch). A read is a system call and, across cores, two to three times a copy's time a
+byte here, so it pays where it saves more than a copy. Measured on 2 ranks (README, "A second
 machine"): a 1 MiB all-gather took 133-174 us where through the areas it took 224-312, a 2 MiB
 one 261-306 against 557-690; below 1 MiB, where the areas stay in the caches, the areas were as
 fast or faster (an all-to-all of 256 KiB read in place took 56-64 us, against 49-52). Inputs
@@ -1045,7 +1047,8 @@ class SlotTransport(Transport):
         """Every rank's `buf` through the one-shot areas (`_one_shot_exchange`), or read in
         place at any size; or, larger than an area, the call checked in an area and the data
         the long way."""
-        if buf.nbytes > self._area_bytes and not (reads is not None and self.reads_in_place(reads)):
+        in_place = reads is not None and self.reads_in_place(reads)
+        if buf.nbytes > self._area_bytes and not in_place:
             if call is not None:
                 self._all_inputs(buf[:0], call)
             return self._exchange(buf)
@@ -1077,7 +1080,7 @@ class SlotTransport(Transport):
         turn's one-shot area, and return every rank's area once each has published;
         CallsDiffer if a descriptor differs. Where each rank names what it takes of each input
         (`reads`), and that is `reads_inputs_from` or more, the inputs are read in place
-        instead (`_new_exchange_in_place`).
+        instead, at any size (`_new_exchange_in_place`).
 
         The areas alternate between turns. Reusing one is safe without asking: a peer
         publishes turn t-1 only after reading turn t-2, and we saw every peer's turn t-1.
@@ -1095,8 +1098,8 @@ class SlotTransport(Transport):
 
     def _new_one_shot_exchange(self, shape: tuple[int, ...],
                                dtype: Any) -> Callable[[Any, memoryview], list[Any]]:
-        """`_one_shot_exchange`, made. (Its `into` is placed by its caller,
-        `_prepare_one_shot`, out of the areas it returns.)"""
+        """`_one_shot_exchange`, made. (Its `into` is placed by its caller, out of the areas
+        it returns: `_prepare_one_shot`, `all_inputs`.)"""
         nbytes = math.prod(shape) * numpy.dtype(dtype).itemsize
         areas = [[d[lo:lo + nbytes].view(dtype).reshape(shape) for d in self._data]
                  for lo in (SLOTS * self.slot_bytes + area * self._area_bytes
@@ -1110,7 +1113,7 @@ class SlotTransport(Transport):
         host = self.memory.in_host_region
         word = PUBLISHED * WORDS
 
-        def exchange(buf: Any, line: memoryview, into: list[Any] | None = None) -> list[Any]:
+        def exchange(buf: Any, line: memoryview, into: Any | None = None) -> list[Any]:
             if not host:
                 settle()  # the previous turn's reads of peers' areas are done
             self._one_shots = turn = self._one_shots + 1
