@@ -1009,10 +1009,15 @@ class SlotTransport(Transport):
 
     def _take(self, src: int, into: Any) -> None:
         """Copy our next segment from `src` (of `into`'s size) out of its slot into the flat
-        bytes `into`, once it is there, and count it taken."""
+        bytes `into`, once it is there, and count it taken; or, where the slot's line says
+        where the message lies instead (an isend read in place, `_isend`), read it there."""
         j = self._wait_find(src)
         self._check_size(src, j, into.nbytes)
-        self.memory.copy(into, self._slots[src][j][:into.nbytes])
+        address = self._ctl[src][self._slot_words[j] + 2]
+        if address:
+            self._read(src, address, into, into.dtype, None, None)
+        else:
+            self.memory.copy(into, self._slots[src][j][:into.nbytes])
         self._consumed(src)
 
     def _wait_find(self, src: int) -> int:
