@@ -392,7 +392,7 @@ def direct_scenario() -> None:
     both ways, checked against NumPy, with the reads and writes counted."""
     from mpi4py import MPI
 
-    from transports.slots import DIRECT_BYTES, ISEND_READ_BYTES
+    from transports.slots import DIRECT_BYTES
 
     os.environ["RINGCC_SINGLE_COPY"] = "1"
     with collectives.init("shm", timeout=30) as comm:
@@ -457,18 +457,18 @@ def direct_scenario() -> None:
             if rank == 0:
                 numpy.testing.assert_array_equal(
                     got, sum(mine - rank + r for r in range(size)))
-        # A scatter's blocks from ISEND_READ_BYTES to a segment: read in place where every rank
-        # has a core, and taken by the receiver's short way for a segment (`_take`), by the
-        # lane (a recvbuf given) and by the general path.
-        block = numpy.arange(ISEND_READ_BYTES // 8 + 8, dtype=float) * size
-        for recvbuf in (numpy.empty_like(block), None):
-            moved.clear()
-            got = comm.scatter(numpy.stack([block + r for r in range(size)]) if rank == 0
-                               else None, recvbuf if rank else None, root=0)
-            numpy.testing.assert_array_equal(got, block + rank)
-            assert moved == ([("read", block.nbytes)]
-                             if rank and block.nbytes >= transport.isends_read_from else []), \
-                moved
+        # A scatter's blocks of a segment and of more than a segment: through the slots, the
+        # receiver taking the first by its short way (`_take`), and read in place; by the lane
+        # (a recvbuf given) and by the general path.
+        for block in (numpy.arange(transport.slot_bytes // 8, dtype=float) * size,
+                      numpy.arange(transport.slot_bytes // 8 + 8, dtype=float) * size):
+            for recvbuf in (numpy.empty_like(block), None):
+                moved.clear()
+                got = comm.scatter(numpy.stack([block + r for r in range(size)]) if rank == 0
+                                   else None, recvbuf if rank else None, root=0)
+                numpy.testing.assert_array_equal(got, block + rank)
+                assert moved == ([("read", block.nbytes)] if rank and block.nbytes
+                                 >= transport.isends_read_from else []), moved
         transport.pairs_read_from = pairs_read_from
         if size == 2 and pairs_read_from is not None:  # a pair's 1 MiB: read in place
             mine = numpy.arange(1 << 17, dtype=float) + rank

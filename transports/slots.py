@@ -180,11 +180,6 @@ WORDS = LINE // 8  # 8-byte words per line
 # allows (see "Direct reads"): below it, measured, copies through the slots, which stay in the
 # caches, mostly cost less, and middle-sized ones take the road measured cheaper (`Roads`).
 DIRECT_BYTES = 4 << 20
-# A message started by `isend` of at least this size is read in place where every rank has a
-# core (`isends_read_from`): left for its receiver, it costs its sender an announcement, where
-# through a slot each side copies it. Measured on 2 ranks (README, "A second machine"), a
-# scatter's 64 KiB blocks took 42-44 us where through the slots they took 68-78.
-ISEND_READ_BYTES = 64 << 10
 # A direct read that is reduced goes through scratch this much at a time: fewer system calls,
 # each pinning the peer's pages, while a piece stays in the caches to be reduced. Measured on
 # 2 ranks, a 16 MiB all-reduce alternating the forwarded step ("Forwarded results") with the
@@ -432,11 +427,13 @@ class SlotTransport(Transport):
             self._pair_in = [[area(p, self.rank, parity) for parity in range(2)]
                              for p in range(size)]
         self._one_segment_bytes = min(self.slot_bytes, DIRECT_BYTES - 1)  # see `_one_segment`
-        # isends from here up are read in place: ISEND_READ_BYTES where every rank has a core.
-        # Where ranks share cores, any that a slot cannot hold: streamed, it would hold its
-        # sender until the receiver runs (measured on 4 ranks, a scatter of 2-8 MiB took
-        # 1.3x-2.6x less time, README "Shared memory").
-        self.isends_read_from = self.slot_bytes + 1 if self.oversubscribed else ISEND_READ_BYTES
+        # isends that a slot cannot hold are read in place: streamed, one would hold its sender
+        # until the receiver runs (measured on 4 ranks sharing 2 cores, a scatter of 2-8 MiB
+        # took 1.3x-2.6x less time, README "Shared memory"; on 2 ranks with a core each, a
+        # 4 MiB one 1.6x-1.8x less, "A second machine"). One a slot holds goes through it
+        # (the receiver's short way, `_take`, takes it from there): read in place, a scatter's
+        # 128 KiB-512 KiB blocks took 1.3x-1.5x longer.
+        self.isends_read_from = self.slot_bytes + 1
         # Per one-shot area, our call line and the peers', as words: written, and compared,
         # whole (`call_line`).
         lines = [[ctl[(first_call_line + area) * WORDS:][:CALL_WORDS + 1] for ctl in self._ctl]
@@ -1009,15 +1006,10 @@ class SlotTransport(Transport):
 
     def _take(self, src: int, into: Any) -> None:
         """Copy our next segment from `src` (of `into`'s size) out of its slot into the flat
-        bytes `into`, once it is there, and count it taken; or, where the slot's line says
-        where the message lies instead (an isend read in place, `_isend`), read it there."""
+        bytes `into`, once it is there, and count it taken."""
         j = self._wait_find(src)
         self._check_size(src, j, into.nbytes)
-        address = self._ctl[src][self._slot_words[j] + 2]
-        if address:
-            self._read(src, address, into, into.dtype, None, None)
-        else:
-            self.memory.copy(into, self._slots[src][j][:into.nbytes])
+        self.memory.copy(into, self._slots[src][j][:into.nbytes])
         self._consumed(src)
 
     def _wait_find(self, src: int) -> int:
