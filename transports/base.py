@@ -374,9 +374,10 @@ class Transport(ABC):
         returning. Uncounted, the exchange stays out of `stats` and traces: the call check uses
         it, so that they show only the collectives' own traffic. `reads`: which bytes of each
         input this rank takes (`prepare_all_inputs`); every rank of the call says the same of
-        its own, or none does. `into` (a contiguous array apart from `buf`): those bytes land
-        there instead, rank after rank, back to back, and None is returned; whether it is
-        given may differ from rank to rank.
+        its own, or none does. `into` (a contiguous array, apart from `buf` where the inputs
+        are read in place, `reads_in_place`): those bytes land there instead, rank after
+        rank, back to back, and None is returned; whether it is given may differ from rank to
+        rank.
         """
         if not buf.flags.c_contiguous:
             raise ValueError("transports move contiguous arrays only")
