@@ -482,7 +482,7 @@ def _placed(result: numpy.ndarray, sendbuf: numpy.ndarray) -> bool:
     it may read them straight there: from PLACED_BYTES, into a contiguous result apart from
     `sendbuf` (which peers may read meanwhile)."""
     return sendbuf.nbytes >= PLACED_BYTES and result.flags.c_contiguous \
-        and not numpy.may_share_memory(result, sendbuf)
+        and not overlap(result, sendbuf, numpy)
 
 
 def _is_rank(comm: Any, root: Any) -> bool:
