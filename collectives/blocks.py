@@ -67,6 +67,14 @@ def every_input(nbytes: int, size: int) -> tuple[tuple[int, int], ...]:
     return ((0, nbytes),) * size
 
 
+def from_root(nbytes: int, root: int, rank: int, size: int) -> tuple[tuple[int, int], ...]:
+    """What `rank` takes of every rank's input of `nbytes` to a one-shot broadcast from
+    `root`: the root's whole, and nothing at the root (`Transport.all_inputs`' `reads`).
+    Named so that the exchange may read the root's input where it lies (in registered
+    memory) straight into place."""
+    return tuple((0, nbytes if r == root != rank else 0) for r in range(size))
+
+
 def gathered(collective: str, counts: Any | None, sendbuf: Any, size: int,
              rank: int) -> tuple[tuple[int, ...] | None, Bounds, tuple[int, ...]]:
     """(counts checked, bounds, the result's shape) of a collective that puts every rank's

@@ -24,6 +24,8 @@ from typing import Any
 
 from transports.base import Transport, segments
 
+from .blocks import from_root
+
 
 def ring_broadcast(transport: Transport, work: Any, root: int) -> None:
     """Broadcast the flat contiguous array `work` from `root`, in place on every rank."""
@@ -61,11 +63,13 @@ def ring_broadcast(transport: Transport, work: Any, root: int) -> None:
 def one_shot_broadcast(transport: Transport, work: Any, root: int) -> None:
     """Broadcast the flat contiguous array `work` from `root` in one exchange
     (`Transport.all_inputs`, which also carries the call's check). Every rank publishes its
-    `work`, the same size everywhere, and all but the root copy the root's. Counted as what
-    moves: the root's buffer to each other rank."""
+    `work`, the same size everywhere, and all but the root copy the root's (naming what they
+    take, `from_root`: the exchange may read it where it lies, in registered memory). Counted
+    as what moves: the root's buffer to each other rank."""
     rank = transport.rank
     transport.at("one-shot")
-    inputs = transport.all_inputs(work, counted=False)
+    inputs = transport.all_inputs(work, counted=False,
+                                  reads=from_root(work.nbytes, root, rank, transport.size))
     if rank != root:
         transport.count(None, None, work, root)
         work[...] = inputs[root]

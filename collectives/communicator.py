@@ -255,7 +255,11 @@ class Communicator:
                 f"every rank must ask for registered memory of the same size; got, by rank: "
                 f"{', '.join(map(str, sizes))} bytes"
                 + (" (-1: its arguments were refused)" if -1 in sizes else ""))
-        return transport.register(nbytes)
+        registered = transport.register(nbytes)
+        # The lanes' exchanges were prepared for a transport without this memory: with it,
+        # one may take another exchange (every rank drops them here, as it registers).
+        self._small_calls.clear()
+        return registered
 
     def zeros(self, shape: int | tuple[int, ...], dtype: Any = numpy.float64) -> Any:
         """`empty`, filled with zeros."""

@@ -50,7 +50,7 @@ from transports.errors import CallsDiffer, MismatchError
 from .all_reduce import reduce_in_rank_order
 from .arguments import NUMERIC, output
 from .arrays import overlap
-from .blocks import equal, every_input, own_blocks
+from .blocks import equal, every_input, from_root, own_blocks
 from .check import MessagesDiffer, judge_pair, pair_kind, pair_said
 from .point_to_point import MessageName
 from .scan import finish, prefix
@@ -130,13 +130,15 @@ def small_broadcast(comm: Any, buf: numpy.ndarray, root: int) -> Any:
     (the general path's exchange), and all but the root copy the root's."""
     if not _open(comm, buf) or not buf.flags.writeable or not _is_rank(comm, root):
         return GENERAL
+    transport = comm._transport
     key = ("broadcast", root, buf.dtype, buf.shape)
     kind = comm._small_calls.get(key) or _learn(
-        comm, key, "broadcast", buf, root=root, moved=_one_way(comm, root, buf.nbytes, False))
+        comm, key, "broadcast", buf, root=root, moved=_one_way(comm, root, buf.nbytes, False),
+        reads=from_root(buf.nbytes, root, transport.rank, transport.size))
     if kind is None:
         return GENERAL
     inputs = _exchange(comm, kind[2], buf)
-    if comm._transport.rank != root:
+    if transport.rank != root:
         buf[...] = inputs[root]
     return buf
 

@@ -141,6 +141,55 @@ def registered_send_waits_for_a_slot(comm) -> None:
     world.barrier()
 
 
+def registered_inputs_are_copied_where_they_lie(comm) -> None:
+    """One-shot inputs in registered memory are copied out of their owner's mapping, never read
+    by a system call: by the exchange that reads inputs in place (an all-to-all's blocks, an
+    all-gather's inputs, from `reads_inputs_from`, here forced to 1 byte where direct reads
+    work), and from REFERENCE_BYTES by the areas' exchange, which names what each rank takes
+    (a broadcast's root too). Ordinary inputs beside them are read directly in the first, and
+    through their areas in the second. An all-to-all in place writes over a registered input
+    that its peers take blocks of: it goes through its area, or is copied first."""
+    from transports import slots
+
+    transport, rank, size = comm._transport, comm.rank, comm.size
+    count = slots.REFERENCE_BYTES // 8 // size + 1  # elements a block: an input of more
+    held = comm.empty((3, size, count))  # (each rank's inputs at an offset in its region)
+    direct: list[int] = []
+    read_peer_bytes, reads_inputs_from = slots.read_peer_bytes, transport.reads_inputs_from
+    slots.read_peer_bytes = lambda *args: (direct.append(args[3]), read_peer_bytes(*args))
+    try:
+        for by_address in (False, True) if transport.single_copy else (False,):
+            transport.reads_inputs_from = 1 if by_address else None
+            comm._small_calls.clear()  # (the lanes' exchanges, prepared under the other)
+            for registered in (range(size), (0,)):
+                mine = held[1] if rank in registered else numpy.empty((size, count))
+                mine[...] = numpy.arange(mine.size).reshape(mine.shape) + 1000 * rank
+                direct.clear()
+                got = comm.all_to_all(mine)
+                expected = numpy.stack([numpy.arange(mine.size).reshape(mine.shape)[rank]
+                                        + 1000 * r for r in range(size)])
+                numpy.testing.assert_array_equal(got, expected)
+                gathered = comm.all_gather(mine[0])
+                numpy.testing.assert_array_equal(gathered, numpy.stack(
+                    [numpy.arange(count) + 1000 * r for r in range(size)]))
+                ordinary_peers = size - len(registered) - (rank not in registered)
+                assert bool(direct) == (by_address and ordinary_peers > 0), \
+                    (by_address, registered, direct)
+                for general in (False, True):  # (by the lane, and by the general path)
+                    in_place = held[2]
+                    in_place[...] = mine
+                    comm.all_to_all(in_place, in_place, async_op=general)
+                    comm.wait_all()
+                    numpy.testing.assert_array_equal(in_place, expected)
+                root = size - 1
+                shared = held[0] if rank in registered else numpy.empty((size, count))
+                shared[...] = 7 if rank == root else 0
+                comm.broadcast(shared, root=root)
+                assert (shared == 7).all()
+    finally:
+        slots.read_peer_bytes, transport.reads_inputs_from = read_peer_bytes, reads_inputs_from
+
+
 def registered_scenario() -> None:
     """Every collective from and into registered memory (comm.empty), whose messages peers
     read in place; and the errors of registering."""
@@ -173,23 +222,29 @@ def registered_scenario() -> None:
             shared[...] = 7
         comm.broadcast(shared, root=size - 1)
         assert (shared == 7).all()
-    # A pair's message from registered memory goes the general way, which takes it where it
-    # lies, even where every other pair's message is read in place (slots.py, "Pair messages
-    # read in place"), and whether or not the peer's is registered too: no direct read.
-    transport, reads = comm._transport, []
+    # A pair's message from registered memory is copied out of the peer's mapping, where it
+    # lies, whether or not every other pair's message is read in place (slots.py, "Pair
+    # messages read in place"), and whether or not the peer's is registered too: no direct
+    # read of it. An ordinary buffer's is read directly where pairs' messages are read in
+    # place (here from 1 byte up), else both go the general way.
+    transport = comm._transport
     pairs_read_from = transport.pairs_read_from
-    transport.pairs_read_from = 1 if transport.single_copy else None
     read = transport.memory.read
-    transport.memory.read = lambda *args: (reads.append(args[2].nbytes), read(*args))
     held = comm.empty(4097)
-    for both in (True, False):
-        if rank < 2:
-            mine = held if both or rank == 0 else numpy.empty(4097)
-            mine[...] = cases.values(rank, 4097, "float64")
-            got = comm.sendrecv(mine, 1 - rank)
-            numpy.testing.assert_array_equal(got, cases.values(1 - rank, 4097, "float64"))
+    for reads_in_place in (True, False):
+        transport.pairs_read_from = 1 if reads_in_place and transport.single_copy else None
+        for both in (True, False):
+            reads: list[int] = []
+            transport.memory.read = lambda *args: (reads.append(args[2].nbytes), read(*args))
+            if rank < 2:
+                mine = held if both or rank == 0 else numpy.empty(4097)
+                mine[...] = cases.values(rank, 4097, "float64")
+                got = comm.sendrecv(mine, 1 - rank)
+                numpy.testing.assert_array_equal(got, cases.values(1 - rank, 4097, "float64"))
+            direct = rank == 0 and not both and transport.pairs_read_from is not None
+            assert reads == ([4097 * 8] if direct else []), (reads_in_place, both, reads)
     transport.pairs_read_from, transport.memory.read = pairs_read_from, read
-    assert reads == [], reads
+    registered_inputs_are_copied_where_they_lie(comm)
     # Each buffer is a mapping of every rank's region, and a mapping holds no descriptor.
     assert len(os.listdir("/proc/self/fd")) == descriptors, "registered memory holds descriptors"
     registered_send_waits_for_a_slot(comm)

@@ -200,6 +200,15 @@ MARKS = INLINE | IN_PLACE
 # A pair's messages from this size each way are read in place (see "Pair messages read in
 # place"), where direct reads work and every rank has a core.
 PAIR_IN_PLACE_BYTES = 512 << 10
+# An address word (a one-shot input's, or a pair message's, read in place) marked so says that
+# the data lies in registered memory: region << OFFSET_BITS | offset, which a peer copies out
+# of its own mapping of the owner's region (see "Registered memory").
+REGISTERED = 1 << 62
+OFFSET_BITS = 40
+# A one-shot exchange of inputs of this size or more that names what each rank takes reads
+# those in registered memory where they lie (below it, copying one into an area costs less
+# than the wait for its readers).
+REFERENCE_BYTES = 64 << 10
 
 
 class MemoryKind(Protocol):
@@ -462,6 +471,7 @@ class SlotTransport(Transport):
         self.pairs_read_from = PAIR_IN_PLACE_BYTES if self.roads is not None else None
         self._registered: list[list[Any]] = []  # per registered region: every rank's mapping
         self._registered_at: list[tuple[int, int]] = []  # per region: our mapping's [lo, hi)
+        self._mapped_at: list[list[int]] = []  # per region: where we map each rank's
         self._sent = [0] * size  # segments sent to each rank
         self._taken = [0] * size  # segments taken from each rank (mirrors our consumed lines)
         self._occupant: list[tuple[int, int] | None] = [None] * SLOTS  # (dst, seq) per slot
@@ -730,13 +740,14 @@ class SlotTransport(Transport):
         nothing, for a message `message` must take; or the peer's words where they differ
         from `expected`, having withdrawn what was published and taken nothing. A checked,
         untraced message of `pairs_read_from` or more each way, of any size, is read in
-        place instead, but from registered memory, which the general way reads where it lies
-        (a peer that reads in place meets it there)."""
+        place instead, as is one from registered memory of more than a pair area, whatever
+        comes back (a peer whose message goes the general way meets it there)."""
         reads_from = self.pairs_read_from
-        if reads_from is not None and mine.nbytes >= reads_from and into.nbytes >= reads_from \
-                and said is not None and self.trace is None and self.on_transfer is None \
-                and not (self._registered and self._region_of(mine.view(numpy.uint8))):
-            return self._through_pair_lines(mine, peer, into, said, expected, IN_PLACE)
+        if said is not None and self.trace is None and self.on_transfer is None:
+            word = self._address_word(mine) if self._registered else 0
+            if word & REGISTERED and mine.nbytes > PAIR_AREA_BYTES or reads_from is not None \
+                    and mine.nbytes >= reads_from and into.nbytes >= reads_from:
+                return self._through_pair_lines(mine, peer, into, said, expected, IN_PLACE)
         if not self._straight(mine, into):
             return False
         if said is not None and self._pair_out is not None \
@@ -766,7 +777,8 @@ class SlotTransport(Transport):
         if how == INLINE:
             self._pair_out[peer][turn & 1][:mine.nbytes] = mine.data.cast("B")
         else:
-            self._own[self._pair_words(peer, turn) + WORDS - 1] = address_of(mine)
+            self._own[self._pair_words(peer, turn) + WORDS - 1] = \
+                self._address_word(mine) if self._registered else address_of(mine)
         turn = self._say(peer, (said[0] | how, *said[1:]))
         heard = self._hear(peer, said, turn)
         if heard != expected:
@@ -776,8 +788,12 @@ class SlotTransport(Transport):
         if theirs & INLINE:
             into.data.cast("B")[:] = self._pair_in[peer][turn & 1][:into.nbytes]
         elif theirs & IN_PLACE:
-            self._move(self.memory.read, peer, f"read rank {self.named(peer)}'s message",
-                       self._ctl[peer][line + WORDS - 1], into.view(numpy.uint8))
+            word = self._ctl[peer][line + WORDS - 1]
+            if word & REGISTERED:
+                ctypes.memmove(address_of(into), self._mapped(peer, word), into.nbytes)
+            else:
+                self._move(self.memory.read, peer, f"read rank {self.named(peer)}'s message",
+                           word, into.view(numpy.uint8))
             self._own[(self._share_line + peer) * WORDS + 3] = turn  # we have read it
         else:  # the peer's message goes the general way (checked): ours goes that way too
             self._sendrecv(mine, peer, into, peer)
@@ -1093,9 +1109,13 @@ class SlotTransport(Transport):
         with a peer always ready, 1.6 us, where lines of bytes, the peers' list with this
         rank's own lines, and calls for the copy and for `settle` took 1.9.)
         """
-        if reads is not None and self.reads_in_place(reads):  # (few exchanges name reads)
-            return kept(self._exchanges, (shape, dtype, reads), KEPT_EXCHANGES,
-                        lambda: self._new_exchange_in_place(shape, dtype, reads))
+        if reads is not None:  # (few exchanges name reads)
+            by_address = self.reads_in_place(reads)
+            if by_address or self._registered and \
+                    math.prod(shape) * numpy.dtype(dtype).itemsize >= REFERENCE_BYTES:
+                return kept(self._exchanges, (shape, dtype, reads, by_address), KEPT_EXCHANGES,
+                            lambda: self._new_exchange_in_place(shape, dtype, reads,
+                                                                by_address))
         return kept(self._exchanges, (shape, dtype), KEPT_EXCHANGES,
                     lambda: self._new_one_shot_exchange(shape, dtype))
 
@@ -1143,8 +1163,8 @@ class SlotTransport(Transport):
 
         return exchange
 
-    def _new_exchange_in_place(self, shape: tuple[int, ...], dtype: Any,
-                               reads: Reads) -> Callable[[Any, memoryview], list[Any]]:
+    def _new_exchange_in_place(self, shape: tuple[int, ...], dtype: Any, reads: Reads,
+                               by_address: bool) -> Callable[[Any, memoryview], list[Any]]:
         """`_one_shot_exchange` of inputs read in place (see "Inputs read in place"): publish
         the call line and where `buf` lies; once every peer's has come and agrees, read the
         bytes `reads` names of each peer's input straight out of its memory, copy those of our
@@ -1152,7 +1172,14 @@ class SlotTransport(Transport):
         land in `into` where it is given (`prepare_all_inputs`), and the exchange returns
         None; else in scratch, returned as every rank's input (holding only the bytes `reads`
         names): an area's worth a rank, kept, or for an input larger than an area (read in
-        place at any size), its own size a rank, for the call."""
+        place at any size), its own size a rank, for the call.
+
+        Not `by_address` (a call that names its reads, below `reads_inputs_from`, on a
+        transport with registered memory), only inputs in registered memory are read where
+        they lie, and their owners wait for their readers (see "Registered memory"). Each of
+        the others is copied into its owner's area, as `_new_one_shot_exchange` does, and
+        read from there: into `into`, or where none is given, not at all (the area itself is
+        returned as that rank's input)."""
         nbytes = math.prod(shape) * numpy.dtype(dtype).itemsize
         rank, size = self.rank, self.size
         stride = max(self._area_bytes, nbytes)  # between two ranks' inputs in scratch
@@ -1167,6 +1194,13 @@ class SlotTransport(Transport):
             return scratch, [scratch[r * stride:][:nbytes].view(dtype).reshape(shape)
                              for r in range(size)]
         kept_scratch = made_scratch() if nbytes <= self._area_bytes else None
+        # Every rank's area of each turn's parity: where it lies here, and as its input.
+        areas_at, areas = [[], []], [[], []]
+        if not by_address:
+            for parity in range(2):
+                lo = SLOTS * self.slot_bytes + parity * self._area_bytes
+                areas_at[parity] = [d.ctypes.data + lo for d in self._data]
+                areas[parity] = [d[lo:lo + nbytes].view(dtype).reshape(shape) for d in self._data]
         # Each rank's bytes: (rank, lo, length, where they land: from the first byte of `into`,
         # and of scratch). The copies and reads go by address: a view of each place would
         # cost a call more than its read's own Python.
@@ -1181,34 +1215,59 @@ class SlotTransport(Transport):
         address = [(self._call_line + area) * WORDS + CALL_WORDS + 1 for area in range(2)]
         own, lines = self._own, self._call_lines
         peers = [ctl for r, ctl in enumerate(self._ctl) if r != rank]
+        registered = self._registered_at  # (a list: regions registered later count too)
 
         def exchange(buf: Any, line: memoryview, into: Any | None = None) -> Any:
             self._one_shots = turn = self._one_shots + 1
-            mine, theirs = lines[turn & 1]
+            parity = turn & 1
+            mine, their_lines = lines[parity]
             mine[:] = line
-            own[address[turn & 1]] = ours_at = address_of(buf)
+            ours_at = address_of(buf)
+            into_at = None if into is None else address_of(into)
+            word = self._address_word(buf) if registered else ours_at
+            if not by_address and (not word & REGISTERED or into_at is not None
+                                   and into_at < ours_at + nbytes
+                                   and ours_at < into_at + into.nbytes):
+                # Through our area (where we place what we take over `buf` too): none waits.
+                ctypes.memmove(areas_at[parity][rank], ours_at, nbytes)
+                word = 0
+            own[address[parity]] = word
             own[PUBLISHED * WORDS] = turn  # last: the line and the address are now visible
             for peer in peers:
                 if peer[PUBLISHED * WORDS] < turn:
                     self._wait_published(peer, turn)
-            for their_line in theirs:
+            for their_line in their_lines:
                 if their_line != mine:
-                    self._answer_messages(line, theirs)
-                    self._compare_lines(line, theirs)  # raises, nothing taken
+                    self._answer_messages(line, their_lines)
+                    self._compare_lines(line, their_lines)  # raises, nothing taken
+            inputs = None
             if into is None:
-                scratch, inputs = kept_scratch or made_scratch()
+                scratch, scratched = kept_scratch or made_scratch()
+                inputs = scratched if by_address else list(areas[parity])
             where = 1 if into is None else 0
-            base = address_of(scratch if into is None else into)
+            base = address_of(scratch) if into is None else into_at
             for lo, length, at in ours:
-                ctypes.memmove(base + at[where], ours_at + lo, length)
+                if word or into is not None:  # (else our area holds it, returned as it is)
+                    ctypes.memmove(base + at[where], ours_at + lo, length)
+                    if inputs is not None:
+                        inputs[rank] = scratched[rank]
             for r, lo, length, at, what in wanted:
-                self._move(read_peer_bytes, r, what, self._ctl[r][address[turn & 1]] + lo,
-                           base + at[where], length)
+                theirs = self._ctl[r][address[parity]]
+                if not theirs:  # in its area: returned as it is, unless placed
+                    if into is not None:
+                        ctypes.memmove(base + at[where], areas_at[parity][r] + lo, length)
+                    continue
+                if theirs & REGISTERED:
+                    ctypes.memmove(base + at[where], self._mapped(r, theirs) + lo, length)
+                else:
+                    self._move(read_peer_bytes, r, what, theirs + lo, base + at[where], length)
+                if inputs is not None:
+                    inputs[r] = scratched[r]
             own[READ * WORDS] = turn
-            if not self._everyone(READ, turn):
+            if word and not self._everyone(READ, turn):
                 self.wait(lambda: self._everyone(READ, turn), None, "its input to be read",
                           late=lambda: self._behind(READ, turn))
-            return inputs if into is None else None
+            return inputs
 
         return exchange
 
@@ -1267,6 +1326,7 @@ class SlotTransport(Transport):
         own = regions[self.rank]
         self._registered.append(regions)
         self._registered_at.append((own.ctypes.data, own.ctypes.data + own.size))
+        self._mapped_at.append([region.ctypes.data for region in regions])
         return own[:nbytes]
 
     def _region_of(self, buf: Any) -> tuple[int, int] | None:
@@ -1276,6 +1336,22 @@ class SlotTransport(Transport):
             if lo <= start and start + buf.size <= hi:
                 return region, start - lo
         return None
+
+    def _address_word(self, buf: Any) -> int:
+        """Where the contiguous `buf` lies, for a peer to read it in place: its address, or,
+        in registered memory, its region and offset marked REGISTERED."""
+        start = address_of(buf)
+        for region, (lo, hi) in enumerate(self._registered_at, start=1):
+            if lo <= start and start + buf.nbytes <= hi:
+                return REGISTERED | region << OFFSET_BITS | start - lo
+        return start
+
+    def _mapped(self, src: int, word: int) -> int:
+        """Where the bytes that `src`'s address `word` marked REGISTERED names lie here: in our
+        mapping of its region (`_address_word`). Copied from there at memory speed, where a
+        direct read is a system call and two to three times a copy's time a byte here."""
+        region, offset = (word & ~REGISTERED) >> OFFSET_BITS, word & ((1 << OFFSET_BITS) - 1)
+        return self._mapped_at[region - 1][src] + offset
 
     def _check_peer(self, peer: int | None, thorough: bool = False) -> None:
         if self._pids is None:
@@ -1296,6 +1372,7 @@ class SlotTransport(Transport):
             self._ctl, self._own, self._data, self._slots = [], None, [], []
             self._exchanges = {}
             self._registered, self._registered_at, self._ctl_bytes = [], [], []
+            self._mapped_at = []
             self._call_lines, self._pair_out, self._pair_in = [], None, None
             if not MPI.Is_finalized():
                 self.comm.Free()
