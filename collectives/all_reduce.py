@@ -55,6 +55,8 @@ from typing import Any
 
 from transports.base import ReduceOp, Transport
 
+from .arrays import overlap
+from .blocks import peers_inputs
 from .chunking import chunk_bounds
 from .ring import all_gather_pass, reduce_scatter_pass
 from .two_shot import two_shot_pays
@@ -103,8 +105,21 @@ def one_shot_all_reduce(transport: Transport, work: Any, op: ReduceOp,
         step = work.size
     for lo in range(0, work.size, step):
         # The first exchange also checks the call, when the caller asked for it.
-        inputs = transport.all_inputs(mine[lo:lo + step])
-        reduce_in_rank_order(transport.xp, inputs, op, average, out=work[lo:lo + step])
+        piece, out = mine[lo:lo + step], work[lo:lo + step]
+        inputs = transport.all_inputs(piece, reads=peers_inputs(piece.nbytes, transport.rank,
+                                                                  size))
+        reduce_in_rank_order(transport.xp, with_own(transport.xp, inputs, piece, transport.rank,
+                                                    out), op, average, out=out)
+
+
+def with_own(xp: Any, inputs: list[Any], mine: Any, rank: int, out: Any | None) -> list[Any]:
+    """The exchange's `inputs` with this rank's own, `mine`, in its place (the exchange need
+    not hold it: `peers_inputs`). A copy of it where `out` overlaps it and the reduction
+    would write `out` before reading it (`reduce_in_rank_order` reads inputs 0 and 1 first)."""
+    inputs = list(inputs)
+    inputs[rank] = mine if rank < 2 or out is None or not overlap(out, mine, xp) \
+        else mine.copy()
+    return inputs
 
 
 def reduce_in_rank_order(xp: Any, inputs: list[Any], op: ReduceOp, average: bool,

@@ -75,6 +75,16 @@ def from_root(nbytes: int, root: int, rank: int, size: int) -> tuple[tuple[int, 
     return tuple((0, nbytes if r == root != rank else 0) for r in range(size))
 
 
+def peers_inputs(nbytes: int, rank: int, size: int) -> tuple[tuple[int, int], ...]:
+    """What `rank` takes of every rank's input of `nbytes` to a one-shot reduction: every
+    peer's whole, not its own, which it reduces where it lies (`Transport.all_inputs`'
+    `reads`). Named so that the exchange may leave an input in registered memory where it
+    lies; the rank's own left out so that no rank takes every input whole, as an all-gather
+    does, which may take another exchange (`Transport.reads_in_place`: a reduction's inputs
+    read directly were measured slower than through the areas)."""
+    return tuple((0, 0 if r == rank else nbytes) for r in range(size))
+
+
 def gathered(collective: str, counts: Any | None, sendbuf: Any, size: int,
              rank: int) -> tuple[tuple[int, ...] | None, Bounds, tuple[int, ...]]:
     """(counts checked, bounds, the result's shape) of a collective that puts every rank's

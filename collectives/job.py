@@ -64,6 +64,9 @@ def abort_on_uncaught_exception() -> None:
         from mpi4py import MPI
 
         if MPI.Is_initialized() and not MPI.Is_finalized():
+            # (MPICH's own line as it aborts does not always get through mpiexec: ours does.)
+            print(f"rank {MPI.COMM_WORLD.Get_rank()}: the uncaught {kind.__name__} above ends "
+                  f"the job (MPI_Abort)", file=sys.stderr)
             sys.stdout.flush()
             sys.stderr.flush()
             # mpiexec forwards each rank's output through a pipe and stops reading it when the

@@ -47,10 +47,10 @@ import numpy
 from transports.base import Moved, Reads
 from transports.errors import CallsDiffer, MismatchError
 
-from .all_reduce import reduce_in_rank_order
+from .all_reduce import reduce_in_rank_order, with_own
 from .arguments import NUMERIC, output
 from .arrays import overlap
-from .blocks import equal, every_input, from_root, own_blocks
+from .blocks import equal, every_input, from_root, own_blocks, peers_inputs
 from .check import MessagesDiffer, judge_pair, pair_kind, pair_said
 from .point_to_point import MessageName
 from .scan import finish, prefix
@@ -81,7 +81,9 @@ def small_all_reduce(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, op:
     if comm._progress.outstanding and not comm._progress.on_thread():
         return GENERAL  # (in its turn, on the progress thread)
     key = ("all_reduce", op, sendbuf.dtype, sendbuf.shape)
-    kind = comm._small_calls.get(key) or _learn(comm, key, "all_reduce", sendbuf, op)
+    kind = comm._small_calls.get(key) or _learn(
+        comm, key, "all_reduce", sendbuf, op,
+        reads=peers_inputs(sendbuf.nbytes, transport.rank, transport.size))
     if kind is None:
         return GENERAL
     if recvbuf is not None and not (type(recvbuf) is numpy.ndarray  # (`_fits`)
@@ -100,9 +102,12 @@ def small_all_reduce(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, op:
         raise
     if recvbuf is None and not (sendbuf.ndim and sendbuf.dtype.isnative):  # (see _reduced)
         recvbuf = numpy.empty(sendbuf.shape, sendbuf.dtype)
-    if average or len(inputs) > 2:
-        return reduce_in_rank_order(numpy, inputs, ufunc, average, recvbuf)
-    return ufunc(inputs[0], inputs[1], out=recvbuf)  # (reduce_in_rank_order, for two)
+    if average or len(inputs) > 2:  # (our own input from `sendbuf`: `peers_inputs`)
+        return reduce_in_rank_order(numpy, with_own(numpy, inputs, sendbuf, transport.rank,
+                                                    recvbuf), ufunc, average, recvbuf)
+    if transport.rank == 0:  # (reduce_in_rank_order, for two)
+        return ufunc(sendbuf, inputs[1], out=recvbuf)
+    return ufunc(inputs[0], sendbuf, out=recvbuf)
 
 
 def small_reduce(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, op: str,

@@ -146,9 +146,10 @@ def registered_inputs_are_copied_where_they_lie(comm) -> None:
     by a system call: by the exchange that reads inputs in place (an all-to-all's blocks, an
     all-gather's inputs, from `reads_inputs_from`, here forced to 1 byte where direct reads
     work), and from REFERENCE_BYTES by the areas' exchange, which names what each rank takes
-    (a broadcast's root too). Ordinary inputs beside them are read directly in the first, and
-    through their areas in the second. An all-to-all in place writes over a registered input
-    that its peers take blocks of: it goes through its area, or is copied first."""
+    (a broadcast's root too, an all-reduce's every input). Ordinary inputs beside them are
+    read directly in the first, and through their areas in the second. An all-to-all in place
+    writes over a registered input that its peers take blocks of: it goes through its area, or
+    is copied first."""
     from transports import slots
 
     transport, rank, size = comm._transport, comm.rank, comm.size
@@ -181,6 +182,17 @@ def registered_inputs_are_copied_where_they_lie(comm) -> None:
                     comm.all_to_all(in_place, in_place, async_op=general)
                     comm.wait_all()
                     numpy.testing.assert_array_equal(in_place, expected)
+                # An all-reduce reduces its own input where it lies, in place too (on the
+                # third rank, after the first two are reduced into it: a copy first).
+                total = sum(numpy.arange(mine.size, dtype=float).reshape(mine.shape) + 1000 * r
+                            for r in range(size))
+                for general in (False, True):
+                    reduced = held[2]
+                    reduced[...] = mine
+                    comm.all_reduce(mine, reduced, async_op=general)
+                    comm.all_reduce(reduced, reduced, async_op=general)
+                    comm.wait_all()
+                    numpy.testing.assert_array_equal(reduced, total * size)
                 root = size - 1
                 shared = held[0] if rank in registered else numpy.empty((size, count))
                 shared[...] = 7 if rank == root else 0
