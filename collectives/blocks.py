@@ -85,6 +85,12 @@ def peers_inputs(nbytes: int, rank: int, size: int) -> tuple[tuple[int, int], ..
     return tuple((0, 0 if r == rank else nbytes) for r in range(size))
 
 
+def to_root(nbytes: int, root: int, rank: int, size: int) -> tuple[tuple[int, int], ...]:
+    """What `rank` takes of every rank's input of `nbytes` to a one-shot reduction to `root`:
+    every peer's whole at the root (`peers_inputs`), nothing elsewhere."""
+    return peers_inputs(nbytes, rank, size) if rank == root else ((0, 0),) * size
+
+
 def gathered(collective: str, counts: Any | None, sendbuf: Any, size: int,
              rank: int) -> tuple[tuple[int, ...] | None, Bounds, tuple[int, ...]]:
     """(counts checked, bounds, the result's shape) of a collective that puts every rank's

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from transports.base import Transport
+from transports.base import Reads, Transport
 
 
 def gather_to_root(transport: Transport, mine: Any | None, work: Any,
@@ -63,13 +63,14 @@ def one_shot_gather(transport: Transport, mine: Any, work: Any | None,
             work[lo:hi] = block
 
 
-def inputs_at_root(transport: Transport, mine: Any, root: int,
-                   lands: Callable[[int], Any]) -> list[Any] | None:
+def inputs_at_root(transport: Transport, mine: Any, root: int, lands: Callable[[int], Any],
+                   reads: Reads | None = None) -> list[Any] | None:
     """Every rank's flat `mine`, in rank order, at the root (None elsewhere), from one exchange
-    (`Transport.all_inputs`, which also carries the call's check). Counted as what the root
-    takes: one message from each rank, the size of `lands(src)`, where src's lands."""
+    (`Transport.all_inputs`, which also carries the call's check; `reads`, if given, what
+    each rank takes of each input). Counted as what the root takes: one message from each
+    rank, the size of `lands(src)`, where src's lands."""
     transport.at("one-shot")
-    inputs = transport.all_inputs(mine, counted=False)
+    inputs = transport.all_inputs(mine, counted=False, reads=reads)
     if transport.rank != root:
         transport.count(mine, root, None, None)
         return None

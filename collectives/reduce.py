@@ -36,7 +36,8 @@ from typing import Any
 
 from transports.base import ReduceOp, Transport
 
-from .all_reduce import reduce_in_rank_order
+from .all_reduce import reduce_in_rank_order, with_own
+from .blocks import to_root
 from .chunking import chunk_bounds
 from .gather import gather_to_root, inputs_at_root
 from .ring import reduce_scatter_pass
@@ -62,7 +63,11 @@ def reduce_to_root(transport: Transport, mine: Any, work: Any, op: ReduceOp, roo
 def one_shot_reduce(transport: Transport, mine: Any, work: Any | None, op: ReduceOp, root: int,
                     average: bool = False) -> None:
     """The reduction of every rank's flat `mine` into the root's flat `work` (which may be
-    `mine`), in one exchange, in rank order; two or more ranks."""
-    inputs = inputs_at_root(transport, mine, root, lambda src: work)
+    `mine`), in one exchange, in rank order; two or more ranks. The root takes its peers'
+    inputs and reduces its own where it lies (`to_root`: the exchange may leave an input in
+    registered memory where it lies too)."""
+    rank, xp = transport.rank, transport.xp
+    inputs = inputs_at_root(transport, mine, root, lambda src: work,
+                            to_root(mine.nbytes, root, rank, transport.size))
     if inputs is not None:
-        reduce_in_rank_order(transport.xp, inputs, op, average, out=work)
+        reduce_in_rank_order(xp, with_own(xp, inputs, mine, rank, work), op, average, out=work)

@@ -50,7 +50,7 @@ from transports.errors import CallsDiffer, MismatchError
 from .all_reduce import reduce_in_rank_order, with_own
 from .arguments import NUMERIC, output
 from .arrays import overlap
-from .blocks import equal, every_input, from_root, own_blocks, peers_inputs
+from .blocks import equal, every_input, from_root, own_blocks, peers_inputs, to_root
 from .check import MessagesDiffer, judge_pair, pair_kind, pair_said
 from .point_to_point import MessageName
 from .scan import finish, prefix
@@ -119,7 +119,8 @@ def small_reduce(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, op: str
         return GENERAL
     key = ("reduce", op, root, sendbuf.dtype, sendbuf.shape)
     kind = comm._small_calls.get(key) or _learn(
-        comm, key, "reduce", sendbuf, op, root, _one_way(comm, root, sendbuf.nbytes, True))
+        comm, key, "reduce", sendbuf, op, root, _one_way(comm, root, sendbuf.nbytes, True),
+        to_root(sendbuf.nbytes, root, rank, comm._transport.size))
     if kind is None or (rank == root and recvbuf is not None
                         and not _fits(recvbuf, sendbuf.shape, sendbuf.dtype)):
         return GENERAL
@@ -127,7 +128,8 @@ def small_reduce(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, op: str
     inputs = _exchange(comm, exchange, sendbuf)
     if rank != root:
         return None
-    return _reduced(inputs, ufunc, average, recvbuf, sendbuf.shape, sendbuf.dtype)
+    return _reduced(with_own(numpy, inputs, sendbuf, rank, recvbuf), ufunc, average, recvbuf,
+                    sendbuf.shape, sendbuf.dtype)
 
 
 def small_broadcast(comm: Any, buf: numpy.ndarray, root: int) -> Any:

@@ -146,7 +146,7 @@ def registered_inputs_are_copied_where_they_lie(comm) -> None:
     by a system call: by the exchange that reads inputs in place (an all-to-all's blocks, an
     all-gather's inputs, from `reads_inputs_from`, here forced to 1 byte where direct reads
     work), and from REFERENCE_BYTES by the areas' exchange, which names what each rank takes
-    (a broadcast's root too, an all-reduce's every input). Ordinary inputs beside them are
+    (a broadcast's root too, a reduction's every input). Ordinary inputs beside them are
     read directly in the first, and through their areas in the second. An all-to-all in place
     writes over a registered input that its peers take blocks of: it goes through its area, or
     is copied first."""
@@ -193,6 +193,11 @@ def registered_inputs_are_copied_where_they_lie(comm) -> None:
                     comm.all_reduce(reduced, reduced, async_op=general)
                     comm.wait_all()
                     numpy.testing.assert_array_equal(reduced, total * size)
+                    for root in range(size):  # (a reduce's root reduces its own where it lies)
+                        reduced[...] = mine
+                        comm.reduce(reduced, reduced, root=root, async_op=general)
+                        comm.wait_all()
+                        numpy.testing.assert_array_equal(reduced, total if rank == root else mine)
                 root = size - 1
                 shared = held[0] if rank in registered else numpy.empty((size, count))
                 shared[...] = 7 if rank == root else 0
