@@ -86,8 +86,8 @@ def peers_inputs(nbytes: int, rank: int, size: int) -> tuple[tuple[int, int], ..
 
 
 def to_root(nbytes: int, root: int, rank: int, size: int) -> tuple[tuple[int, int], ...]:
-    """What `rank` takes of every rank's input of `nbytes` to a one-shot reduction to `root`:
-    every peer's whole at the root (`peers_inputs`), nothing elsewhere."""
+    """What `rank` takes of every rank's input of `nbytes` to a one-shot reduction or gather
+    to `root`: every peer's whole at the root (`peers_inputs`), nothing elsewhere."""
     return peers_inputs(nbytes, rank, size) if rank == root else ((0, 0),) * size
 
 

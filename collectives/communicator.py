@@ -393,8 +393,7 @@ class Communicator:
         if counts is None and self._one_shot(sendbuf):
             # Small equal blocks: one exchange, which carries the call check along.
             self._begin("gather", sendbuf.size, sendbuf.dtype, root=root, folded=True)
-            one_shot_gather(self._transport, work[slice(*bounds[root])] if mine is None
-                            else mine, work, bounds, root)
+            one_shot_gather(self._transport, mine, work, bounds, root)
         else:
             self._begin("gather", bounds[-1][1] if counts else sendbuf.size, sendbuf.dtype,
                         root=root, counts=counts, first_exchange=True)

@@ -25,7 +25,9 @@ ranks: worth it where each message pays a long latency, not between the cores of
 Uneven blocks (`counts`, MPI's Gatherv) follow the same schedule with uneven bounds.
 
 Small equal blocks take one exchange instead (`one_shot_gather`): every rank publishes its
-block in its one-shot area, and the root copies them out; one wait instead of N-1 steps.
+block in its one-shot area, and the root copies them out; one wait instead of N-1 steps. (A
+block in registered memory is left where it lies, and the root copies it from there: see
+transports/slots.py, "Registered memory".)
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from transports.base import Reads, Transport
+
+from .blocks import to_root
 
 
 def gather_to_root(transport: Transport, mine: Any | None, work: Any,
@@ -53,24 +57,30 @@ def gather_to_root(transport: Transport, mine: Any | None, work: Any,
         transport.recv(work[slice(*bounds[peer])], peer)
 
 
-def one_shot_gather(transport: Transport, mine: Any, work: Any | None,
+def one_shot_gather(transport: Transport, mine: Any | None, work: Any | None,
                     bounds: list[tuple[int, int]], root: int) -> None:
     """The gather of equal blocks (at `bounds`) in one exchange: every rank publishes its flat
-    block `mine`, and the root copies each into its flat result `work`."""
-    inputs = inputs_at_root(transport, mine, root, lambda src: work[slice(*bounds[src])])
-    if inputs is not None:
-        for (lo, hi), block in zip(bounds, inputs):
-            work[lo:hi] = block
+    block `mine`, and the exchange places each peer's in the root's flat result `work`
+    (`to_root`: it may read them straight there, out of registered memory), where the root
+    copies its own, unless `mine` is None: already in place."""
+    own = None if work is None else work[slice(*bounds[root])]
+    inputs_at_root(transport, own if mine is None else mine, root,
+                   lambda src: work[slice(*bounds[src])],
+                   to_root(own.nbytes if mine is None else mine.nbytes, root, transport.rank,
+                           transport.size), work)
+    if mine is not None and own is not None:
+        own[...] = mine
 
 
 def inputs_at_root(transport: Transport, mine: Any, root: int, lands: Callable[[int], Any],
-                   reads: Reads | None = None) -> list[Any] | None:
-    """Every rank's flat `mine`, in rank order, at the root (None elsewhere), from one exchange
-    (`Transport.all_inputs`, which also carries the call's check; `reads`, if given, what
-    each rank takes of each input). Counted as what the root takes: one message from each
-    rank, the size of `lands(src)`, where src's lands."""
+                   reads: Reads, into: Any | None = None) -> list[Any] | None:
+    """Every rank's flat `mine`, in rank order, at the root (None elsewhere, and where the
+    root gives `into`: see `Transport.all_inputs`), from one exchange (which also carries
+    the call's check): `reads`, what each rank takes of each input. Counted as what the root
+    takes: one message from each rank, the size of `lands(src)`, where src's lands."""
     transport.at("one-shot")
-    inputs = transport.all_inputs(mine, counted=False, reads=reads)
+    inputs = transport.all_inputs(mine, counted=False, reads=reads,
+                                  into=into if transport.rank == root else None)
     if transport.rank != root:
         transport.count(mine, root, None, None)
         return None

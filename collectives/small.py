@@ -158,7 +158,8 @@ def small_gather(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, root: i
         return GENERAL
     key = ("gather", root, sendbuf.dtype, sendbuf.shape)
     kind = comm._small_calls.get(key) or _learn(
-        comm, key, "gather", sendbuf, root=root, moved=_one_way(comm, root, sendbuf.nbytes, True))
+        comm, key, "gather", sendbuf, root=root, moved=_one_way(comm, root, sendbuf.nbytes, True),
+        reads=to_root(sendbuf.nbytes, root, transport.rank, transport.size))
     shape = (transport.size, *sendbuf.shape)
     if kind is None or (transport.rank == root and recvbuf is not None
                         and not _fits(recvbuf, shape, sendbuf.dtype)):
@@ -166,7 +167,17 @@ def small_gather(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, root: i
     if transport.rank != root:
         _exchange(comm, kind[2], sendbuf)
         return None
-    return _stacked(comm, kind[2], sendbuf, recvbuf, shape)
+    result = numpy.empty(shape, sendbuf.dtype) if recvbuf is None else recvbuf
+    if _placed(result, sendbuf):  # the peers' blocks, placed; then ours (not taken: `to_root`)
+        _exchange(comm, kind[2], sendbuf, result)
+        result[root] = sendbuf
+        return result
+    inputs = _exchange(comm, kind[2], sendbuf)
+    result[root] = sendbuf  # first: `sendbuf` may overlap the other blocks
+    for source, theirs in enumerate(inputs):
+        if source != root:
+            result[source] = theirs
+    return result
 
 
 def small_all_gather(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None) -> Any:

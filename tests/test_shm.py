@@ -198,6 +198,16 @@ def registered_inputs_are_copied_where_they_lie(comm) -> None:
                         comm.reduce(reduced, reduced, root=root, async_op=general)
                         comm.wait_all()
                         numpy.testing.assert_array_equal(reduced, total if rank == root else mine)
+                        # A gather's root places its peers' blocks in its result, its own in
+                        # place too (into a registered result, or not).
+                        for into in (held[2], numpy.empty_like(held[2]), None):
+                            block = mine[rank] if into is None else into[rank]
+                            block[...] = mine[rank]
+                            got = comm.gather(block, into, root=root, async_op=general)
+                            got = got.wait() if general else got
+                            if rank == root:
+                                numpy.testing.assert_array_equal(got, numpy.stack(
+                                    [mine[r] + 1000 * (r - rank) for r in range(size)]))
                 root = size - 1
                 shared = held[0] if rank in registered else numpy.empty((size, count))
                 shared[...] = 7 if rank == root else 0

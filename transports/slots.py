@@ -217,7 +217,7 @@ OFFSET_BITS = 40
 # A one-shot exchange of inputs of this size or more that names what each rank takes reads
 # those in registered memory where they lie (below it, copying one into an area costs less
 # than the wait for its readers).
-REFERENCE_BYTES = 64 << 10
+REFERENCE_BYTES = 256 << 10
 
 
 class MemoryKind(Protocol):
@@ -1211,13 +1211,10 @@ class SlotTransport(Transport):
                 areas_at[parity] = [d.ctypes.data + lo for d in self._data]
                 areas[parity] = [d[lo:lo + nbytes].view(dtype).reshape(shape) for d in self._data]
         # Each rank's bytes: (rank, lo, length, where they land: from the first byte of `into`,
-        # and of scratch). The copies and reads go by address: a view of each place would
-        # cost a call more than its read's own Python.
-        landing, placed = [], 0
-        for r, (lo, hi) in enumerate(reads):
-            if lo < hi:
-                landing.append((r, lo, hi - lo, (placed, r * stride + lo)))
-                placed += hi - lo
+        # its block r, and of scratch). The copies and reads go by address: a view of each
+        # place would cost a call more than its read's own Python.
+        landing = [(r, lo, hi - lo, (r * (hi - lo), r * stride + lo))
+                   for r, (lo, hi) in enumerate(reads) if lo < hi]
         ours = [(lo, length, at) for r, lo, length, at in landing if r == rank]
         wanted = [(r, lo, length, at, f"read rank {self.named(r)}'s input")
                   for r, lo, length, at in landing if r != rank]
