@@ -145,7 +145,7 @@ def registered_inputs_are_copied_where_they_lie(comm) -> None:
     """One-shot inputs in registered memory are copied out of their owner's mapping, never read
     by a system call: by the exchange that reads inputs in place (an all-to-all's blocks, an
     all-gather's inputs, from `reads_inputs_from`, here forced to 1 byte where direct reads
-    work), and from REFERENCE_BYTES by the areas' exchange, which names what each rank takes
+    work), and from `references_from` by the areas' exchange, which names what each rank takes
     (a broadcast's root too, a reduction's every input). Ordinary inputs beside them are
     read directly in the first, and through their areas in the second. An all-to-all in place
     writes over a registered input that its peers take blocks of: it goes through its area, or
@@ -158,6 +158,11 @@ def registered_inputs_are_copied_where_they_lie(comm) -> None:
     direct: list[int] = []
     read_peer_bytes, reads_inputs_from = slots.read_peer_bytes, transport.reads_inputs_from
     slots.read_peer_bytes = lambda *args: (direct.append(args[3]), read_peer_bytes(*args))
+    references_from = transport.references_from  # (None where ranks outnumber cores: as if not)
+    transport.references_from = slots.REFERENCE_BYTES
+    mapped: list[int] = []  # peers whose registered input was copied out of our mapping
+    transport._mapped = lambda src, word: (mapped.append(src), slots.SlotTransport._mapped(
+        transport, src, word))[1]
     try:
         for by_address in (False, True) if transport.single_copy else (False,):
             transport.reads_inputs_from = 1 if by_address else None
@@ -166,6 +171,7 @@ def registered_inputs_are_copied_where_they_lie(comm) -> None:
                 mine = held[1] if rank in registered else numpy.empty((size, count))
                 mine[...] = numpy.arange(mine.size).reshape(mine.shape) + 1000 * rank
                 direct.clear()
+                mapped.clear()
                 got = comm.all_to_all(mine)
                 expected = numpy.stack([numpy.arange(mine.size).reshape(mine.shape)[rank]
                                         + 1000 * r for r in range(size)])
@@ -176,6 +182,8 @@ def registered_inputs_are_copied_where_they_lie(comm) -> None:
                 ordinary_peers = size - len(registered) - (rank not in registered)
                 assert bool(direct) == (by_address and ordinary_peers > 0), \
                     (by_address, registered, direct)
+                registered_peers = [r for r in registered if r != rank]
+                assert sorted(set(mapped)) == registered_peers, (by_address, registered, mapped)
                 for general in (False, True):  # (by the lane, and by the general path)
                     in_place = held[2]
                     in_place[...] = mine
@@ -215,6 +223,8 @@ def registered_inputs_are_copied_where_they_lie(comm) -> None:
                 assert (shared == 7).all()
     finally:
         slots.read_peer_bytes, transport.reads_inputs_from = read_peer_bytes, reads_inputs_from
+        transport.references_from = references_from
+        del transport._mapped
 
 
 def registered_scenario() -> None:

@@ -85,10 +85,12 @@ the pair messages read in place (below): where one lies in registered memory, th
 says where holds its region and offset, marked REGISTERED, instead of its address, and the
 reader copies it out of its own mapping of the owner's region. A direct read is a system call
 that costs two to three times a copy a byte here; this is a copy (README, "Every collective
-from registered buffers": 1.28x-3.3x MPICH's speed at 1 MiB on 2 ranks). So a one-shot exchange that names what each rank takes (`reads`) leaves a registered input of
-REFERENCE_BYTES or more where it lies below `reads_inputs_from` too, where it would otherwise
-copy it into its area, and its owner then waits for its readers, as one read in place does; a
-pair's message from registered memory larger than a pair area is read in place at any size.
+from registered buffers": 1.28x-3.3x MPICH's speed at 1 MiB on 2 ranks). So a one-shot
+exchange that names what each rank takes (`reads`) leaves a registered input of
+`references_from` or more (REFERENCE_BYTES, where every rank has a core) where it lies below
+`reads_inputs_from` too, where it would otherwise copy it into its area, and its owner then
+waits for its readers, as one read in place does; a pair's message from registered memory
+larger than a pair area is read in place at any size.
 
 A call of one exchange (a small all-reduce, a call check) instead publishes its whole input in
 a one-shot area (`_all_inputs`), with its call descriptor beside it, and every rank reads every
@@ -477,6 +479,11 @@ class SlotTransport(Transport):
         # A checked pair's messages from here up each way are read in place (see "Pair
         # messages read in place"); None: none are.
         self.pairs_read_from = PAIR_IN_PLACE_BYTES if self.roads is not None else None
+        # One-shot inputs of this size or more in registered memory are left where they lie,
+        # where the call names its reads (see "Registered memory"); None: none are. Not where
+        # ranks outnumber cores: an owner waits for its readers, which wait for its core
+        # (measured on 4 ranks sharing 2 cores, a 512 KiB all-reduce took 2x-3x longer).
+        self.references_from = REFERENCE_BYTES if not self.oversubscribed else None
         self._registered: list[list[Any]] = []  # per registered region: every rank's mapping
         self._registered_at: list[tuple[int, int]] = []  # per region: our mapping's [lo, hi)
         self._mapped_at: list[list[int]] = []  # per region: where we map each rank's
@@ -1118,9 +1125,9 @@ class SlotTransport(Transport):
         rank's own lines, and calls for the copy and for `settle` took 1.9.)
         """
         if reads is not None:  # (few exchanges name reads)
-            by_address = self.reads_in_place(reads)
-            if by_address or self._registered and \
-                    math.prod(shape) * numpy.dtype(dtype).itemsize >= REFERENCE_BYTES:
+            by_address, least = self.reads_in_place(reads), self.references_from
+            if by_address or self._registered and least is not None and \
+                    math.prod(shape) * numpy.dtype(dtype).itemsize >= least:
                 return kept(self._exchanges, (shape, dtype, reads, by_address), KEPT_EXCHANGES,
                             lambda: self._new_exchange_in_place(shape, dtype, reads,
                                                                 by_address))
