@@ -38,6 +38,6 @@ def one_shot_all_gather(transport: Transport, mine: Any, work: Any,
     descriptor when the caller checks."""
     transport.at("one-shot")
     reads = every_input(mine.nbytes, transport.size)
-    if transport.reads_in_place(reads) and overlap(mine, work, transport.xp):
+    if transport.reads_in_place(reads, mine.nbytes) and overlap(mine, work, transport.xp):
         mine = mine.copy()  # in place: peers read `mine` where it lies while blocks land
     transport.all_inputs(mine, reads=reads, into=work)

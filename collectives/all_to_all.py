@@ -87,7 +87,7 @@ def one_shot_all_to_all(transport: Transport, mine: Any, work: Any,
     rank, size = transport.rank, transport.size
     transport.at("one-shot")
     reads = own_blocks(bounds, rank, mine.itemsize)
-    if transport.reads_in_place(reads) and overlap(mine, work, transport.xp):
+    if transport.reads_in_place(reads, mine.nbytes) and overlap(mine, work, transport.xp):
         mine = mine.copy()  # in place: peers read `mine` where it lies while blocks land
     transport.all_inputs(mine, counted=False, reads=reads, into=work)
     for step in range(1, size):

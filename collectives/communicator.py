@@ -867,8 +867,8 @@ class Communicator:
         all-to-all's or an all-gather's, which place it where it belongs)."""
         most = self._transport.one_shot_bytes
         return self.size > 1 and 0 < sendbuf.nbytes and (
-            sendbuf.nbytes <= most
-            or most > 0 and reads is not None and self._transport.reads_in_place(reads))
+            sendbuf.nbytes <= most or most > 0 and reads is not None
+            and self._transport.reads_in_place(reads, sendbuf.nbytes))
 
     def _begin(self, collective: str, count: int = -1, dtype: Any = None, op: str | None = None,
                root: int = -1, folded: bool = False, counts: tuple | None = None,

@@ -62,14 +62,14 @@ def one_shot_gather(transport: Transport, mine: Any | None, work: Any | None,
     """The gather of equal blocks (at `bounds`) in one exchange: every rank publishes its flat
     block `mine`, and the exchange places each peer's in the root's flat result `work`
     (`to_root`: it may read them straight there, out of registered memory), where the root
-    copies its own, unless `mine` is None: already in place."""
+    has copied its own first, unless `mine` is None: already in place."""
     own = None if work is None else work[slice(*bounds[root])]
+    if mine is not None and own is not None:
+        own[...] = mine  # first: `mine` may overlap the peers' blocks (none reads it)
     inputs_at_root(transport, own if mine is None else mine, root,
                    lambda src: work[slice(*bounds[src])],
                    to_root(own.nbytes if mine is None else mine.nbytes, root, transport.rank,
                            transport.size), work)
-    if mine is not None and own is not None:
-        own[...] = mine
 
 
 def inputs_at_root(transport: Transport, mine: Any, root: int, lands: Callable[[int], Any],

@@ -130,18 +130,24 @@ def reduce_scatter_case(comm: Any, count: int, dtype: str, op: str) -> dict:
 
 def gather_case(comm: Any, count: int, dtype: str, layout: str, root: int,
                 recv: str) -> dict:
-    """recv: "none" (the root's result allocated), "given", or "in place" (the root passes
-    its own block of recvbuf as sendbuf)."""
-    mine = laid_out(values(comm.rank, count, dtype), layout)
-    recvbuf = None
-    if comm.rank == root and recv != "none":
-        recvbuf = numpy.zeros((comm.size, *mine.shape), mine.dtype)
-        if recv == "in place":
-            recvbuf[root] = mine
-            mine = recvbuf[root]
-    out = comm.gather(mine, recvbuf, root=root)
-    assert (out is None) == (comm.rank != root) and (recvbuf is None or out is recvbuf)
-    return {"result": out, "stats": vars(comm.stats).copy(), "phase": ended_in(comm)}
+    """recv: "none" (the root's result allocated), "given", "in place" (the root passes its
+    own block of recvbuf as sendbuf), or "another block" (the root's sendbuf is the block of
+    recvbuf where a peer's lands: then by the general path too, as "general")."""
+    out = {}
+    for general in (False, True) if recv == "another block" else (False,):
+        mine = laid_out(values(comm.rank, count, dtype), layout)
+        recvbuf = None
+        if comm.rank == root and recv != "none":
+            recvbuf = numpy.zeros((comm.size, *mine.shape), mine.dtype)
+            if recv in ("in place", "another block"):
+                block = root if recv == "in place" else (root + 1) % comm.size
+                recvbuf[block] = mine
+                mine = recvbuf[block]
+        got = comm.gather(mine, recvbuf, root=root, async_op=general)
+        got = got.wait() if general else got
+        assert (got is None) == (comm.rank != root) and (recvbuf is None or got is recvbuf)
+        out["general" if general else "result"] = got
+    return {**out, "stats": vars(comm.stats).copy(), "phase": ended_in(comm)}
 
 
 def reduce_case(comm: Any, count: int, dtype: str, op: str, layout: str, root: int,
@@ -539,9 +545,10 @@ def small_lanes_case(comm: Any, dtype: str, op: str, read_in_place: bool = False
         return _small_lanes(comm, dtype, op)
     can_read = getattr(transport, "single_copy", False)
     reads_from = getattr(transport, "reads_inputs_from", None)
+    above = getattr(transport, "reads_inputs_above", 0)
     comm._small_calls.clear()  # (lanes keep their exchanges)
     if can_read:  # (on ranks that share cores too)
-        transport.reads_inputs_from = 1
+        transport.reads_inputs_from, transport.reads_inputs_above = 1, 0
         move, read = transport._move, []
 
         def counted(*args: Any) -> Any:
@@ -566,7 +573,7 @@ def small_lanes_case(comm: Any, dtype: str, op: str, read_in_place: bool = False
         comm._small_calls.clear()
         small.PLACED_BYTES = PLACED_BYTES
         if can_read:
-            transport.reads_inputs_from = reads_from
+            transport.reads_inputs_from, transport.reads_inputs_above = reads_from, above
             del transport._move
     out["read in place"] = len(read) if can_read else None
     return out
@@ -587,8 +594,9 @@ def large_read_in_place_case(comm: Any, dtype: str) -> dict:
     count = LARGE_IN_PLACE_BYTES // numpy.dtype(dtype).itemsize
     can_read = getattr(transport, "single_copy", False)
     reads_from, read = getattr(transport, "reads_inputs_from", None), []
+    above = getattr(transport, "reads_inputs_above", 0)
     if can_read:  # (on ranks that share cores too)
-        transport.reads_inputs_from = 1
+        transport.reads_inputs_from, transport.reads_inputs_above = 1, 0
         move = transport._move
 
         def counted(*args: Any) -> Any:
@@ -629,7 +637,7 @@ def large_read_in_place_case(comm: Any, dtype: str) -> dict:
                 out["mismatch"] = "untouched" if not into.any() else "written"
     finally:
         if can_read:
-            transport.reads_inputs_from = reads_from
+            transport.reads_inputs_from, transport.reads_inputs_above = reads_from, above
             del transport._move
     out["read in place"] = len(read) if can_read else None
     return out
@@ -820,10 +828,11 @@ def check_gather(results: list[dict], count: int, dtype: str, layout: str, root:
     size = len(results)
     want = numpy.stack([laid_out(values(r, count, dtype), layout) for r in range(size)])
     for rank, result in enumerate(results):
-        if rank == root:
-            assert_matches(result["result"], want, dtype)
-        else:
-            assert result["result"] is None, f"rank {rank} is not the root but got a result"
+        for how in ("result", "general") if "general" in result else ("result",):
+            if rank == root:
+                assert_matches(result[how], want, dtype)
+            else:
+                assert result[how] is None, f"rank {rank} is not the root but got a result"
 
 
 def check_reduce(results: list[dict], count: int, dtype: str, op: str, layout: str,

@@ -103,8 +103,10 @@ def test_reduce_scatter(run, size, count, dtype_op, variant):
 
 @fewer
 @given(size_root=size_and_root(), count=counts, dtype=dtypes, layout=layouts,
-       recv=st.sampled_from(["none", "given", "in place"]), variant=variants)
+       recv=st.sampled_from(["none", "given", "in place", "another block"]), variant=variants)
 @example(size_root=(5, 2), count=13, dtype="complex64", layout="strided", recv="in place",
+         variant="auto")
+@example(size_root=(2, 0), count=5, dtype="int32", layout="flat", recv="another block",
          variant="auto")
 @example(size_root=(1, 0), count=0, dtype="bool", layout="flat", recv="given", variant="auto")
 def test_gather(run, size_root, count, dtype, layout, recv, variant):

@@ -155,8 +155,11 @@ def registered_inputs_are_copied_where_they_lie(comm) -> None:
     transport, rank, size = comm._transport, comm.rank, comm.size
     count = slots.REFERENCE_BYTES // 8 // size + 1  # elements a block: an input of more
     held = comm.empty((3, size, count))  # (each rank's inputs at an offset in its region)
+    wide = comm.empty((2, size, slots.REFERENCE_BYTES // 8 + 1))  # (blocks of references_from)
+    wide[0] = numpy.arange(wide[0].size).reshape(wide[0].shape) + 1000 * rank
     direct: list[int] = []
     read_peer_bytes, reads_inputs_from = slots.read_peer_bytes, transport.reads_inputs_from
+    reads_inputs_above = transport.reads_inputs_above
     slots.read_peer_bytes = lambda *args: (direct.append(args[3]), read_peer_bytes(*args))
     references_from = transport.references_from  # (None where ranks outnumber cores: as if not)
     transport.references_from = slots.REFERENCE_BYTES
@@ -166,6 +169,7 @@ def registered_inputs_are_copied_where_they_lie(comm) -> None:
     try:
         for by_address in (False, True) if transport.single_copy else (False,):
             transport.reads_inputs_from = 1 if by_address else None
+            transport.reads_inputs_above = 0
             comm._small_calls.clear()  # (the lanes' exchanges, prepared under the other)
             for registered in (range(size), (0,)):
                 mine = held[1] if rank in registered else numpy.empty((size, count))
@@ -206,16 +210,27 @@ def registered_inputs_are_copied_where_they_lie(comm) -> None:
                         comm.reduce(reduced, reduced, root=root, async_op=general)
                         comm.wait_all()
                         numpy.testing.assert_array_equal(reduced, total if rank == root else mine)
-                        # A gather's root places its peers' blocks in its result, its own in
-                        # place too (into a registered result, or not).
-                        for into in (held[2], numpy.empty_like(held[2]), None):
-                            block = mine[rank] if into is None else into[rank]
-                            block[...] = mine[rank]
-                            got = comm.gather(block, into, root=root, async_op=general)
+                        # A gather's root places its peers' blocks in its result: its own in
+                        # place, or taken from another block of the result, or from apart;
+                        # blocks from registered memory and of references_from or more.
+                        expected = numpy.stack([wide[0, r] + 1000 * (r - rank)
+                                                for r in range(size)])
+                        for into in (wide[1], numpy.empty_like(wide[1]), None):
+                            block = wide[0, rank] if into is None else into[rank]
+                            for sent in ((block, into[(rank + 1) % size]) if into is not None
+                                         else (block,)):
+                                if into is not None:
+                                    into[...] = -1
+                                sent[...] = wide[0, rank]
+                                got = comm.gather(sent, into, root=root, async_op=general)
+                                got = got.wait() if general else got
+                                if rank == root:
+                                    numpy.testing.assert_array_equal(got, expected)
+                        # An all-gather of such inputs, into a registered result or not.
+                        for into in (wide[1], None):
+                            got = comm.all_gather(wide[0, rank], into, async_op=general)
                             got = got.wait() if general else got
-                            if rank == root:
-                                numpy.testing.assert_array_equal(got, numpy.stack(
-                                    [mine[r] + 1000 * (r - rank) for r in range(size)]))
+                            numpy.testing.assert_array_equal(got, expected)
                 root = size - 1
                 shared = held[0] if rank in registered else numpy.empty((size, count))
                 shared[...] = 7 if rank == root else 0
@@ -223,6 +238,7 @@ def registered_inputs_are_copied_where_they_lie(comm) -> None:
                 assert (shared == 7).all()
     finally:
         slots.read_peer_bytes, transport.reads_inputs_from = read_peer_bytes, reads_inputs_from
+        transport.reads_inputs_above = reads_inputs_above
         transport.references_from = references_from
         del transport._mapped
 

@@ -357,11 +357,11 @@ class Transport(ABC):
         a whole send may wait for its receiver."""
         return 0
 
-    def reads_in_place(self, reads: Reads) -> bool:
-        """Whether `all_inputs` reads what each rank takes of each input (`reads`) straight out
-        of its owner's memory: then at any size, each input staying where it lies, so that a
-        collective that places what it takes (`into`) may take one exchange however large.
-        False here: the inputs move."""
+    def reads_in_place(self, reads: Reads, nbytes: int) -> bool:
+        """Whether `all_inputs` reads what each rank takes of each input of `nbytes` (`reads`)
+        straight out of its owner's memory: then at any size, each input staying where it
+        lies, so that a collective that places what it takes (`into`) may take one exchange
+        however large. False here: the inputs move."""
         return False
 
     def all_inputs(self, buf: Any, counted: bool = True, reads: Reads | None = None,

@@ -176,8 +176,8 @@ class HierarchicalTransport(Transport):
                     into: Any | None = None) -> list[Any] | None:
         return self.world._all_inputs(buf, call, reads, into)
 
-    def reads_in_place(self, reads: Reads) -> bool:
-        return self.world.reads_in_place(reads)
+    def reads_in_place(self, reads: Reads, nbytes: int) -> bool:
+        return self.world.reads_in_place(reads, nbytes)
 
     def _barrier(self) -> None:
         self.world._barrier()

@@ -103,9 +103,9 @@ than wait out the timeout.
 Inputs read in place. Through the areas, a one-shot exchange copies each rank's whole input
 into its area, for its peers to copy what they take back out. Where the caller names what each
 rank takes of each input (`reads`: its own block of each, in an all-to-all or a reduce-scatter;
-every input whole, in an all-gather), and that is at least `reads_inputs_from`
-(DIRECT_INPUT_BYTES, where direct reads work and every rank has a core), it copies nothing
-instead: each rank writes the address of its input in its call line, and once the lines have
+every input whole, in an all-gather), and that is at least `reads_inputs_from` (where direct
+reads work: DIRECT_INPUT_BYTES, or CROWDED_INPUT_BYTES where ranks outnumber cores), it copies
+nothing instead: each rank writes the address of its input in its call line, and once the lines have
 come and agree, reads what it takes of each peer's input straight out of the peer's memory,
 into place where the caller says (`into`: the result of an all-to-all or an all-gather) or into
 scratch, and copies its own part. It then counts the turn in its read line, and returns once
@@ -120,8 +120,15 @@ one 261-306 against 557-690; below 1 MiB, where the areas stay in the caches, th
 fast or faster (an all-to-all of 256 KiB read in place took 56-64 us, against 49-52). Inputs
 that one rank takes whole (a gather's root, a broadcast's others) or reduces (an all-reduce's)
 also stayed faster through the areas, whose copies the writers share and whose readers work
-straight out of them. Every rank of a call names alike what it takes, so all take the same
-exchange; the general path names the same as the lane.
+straight out of them. Where ranks outnumber cores, each step of the pairwise exchange or the
+ring waits for a peer to be scheduled, and one exchange pays that once: there inputs larger
+than an area (`reads_inputs_above`) are read in place from CROWDED_INPUT_BYTES taken of each.
+Measured on 4 ranks sharing 2 cores (`mpiexec -n 4 python -m benchmarks.all_to_all -b 256K -e
+4M -f 4 -n 10 -w 2 --transport shm --compare mpi`, and the same all_gather): a 1 MiB
+all-to-all took 538 us where the pairwise exchange took 1019 (MPICH's 327-402), a 4 MiB
+all-gather 2507 where the ring took 3262; on 3 ranks, 537 against 623, and 2245 against
+3123. Every rank of a call names alike what it takes, so all take the same exchange; the
+general path names the same as the lane.
 
 Folded checks. A call whose check is handed over (`check_first`) makes it in its first
 exchange: the rank first publishes what fits in its free slots, then checks (every rank's call
@@ -200,8 +207,10 @@ READ_PIECE_BYTES = 1 << 20
 # pair, share and push lines follow (the module's docstring, and `_setup`).
 BARRIER, PUBLISHED, READ, CONSUMED = 0, 1, 2, 3
 # One-shot inputs of which each rank takes at least this much are read in place (see "Inputs
-# read in place"), where direct reads work and every rank has a core.
+# read in place"), where direct reads work: where every rank has a core, and where ranks
+# outnumber cores (CROWDED_INPUT_BYTES).
 DIRECT_INPUT_BYTES = 512 << 10
+CROWDED_INPUT_BYTES = 256 << 10
 KEPT_EXCHANGES = 64  # one-shot exchanges kept, one per (shape, dtype) seen (and reads)
 PAIR_AREA_BYTES = PAGE  # a pair's message up to this size each way goes through pair areas
 INLINE = 1 << 61  # marks a pair line's first word: the message lies in the sender's pair area
@@ -475,7 +484,11 @@ class SlotTransport(Transport):
         self.roads = Roads() if self.single_copy and not self.oversubscribed else None
         # One-shot inputs of which each rank takes this much or more are read in place, where
         # the caller names what it takes (see "Inputs read in place"); None: none are.
-        self.reads_inputs_from = DIRECT_INPUT_BYTES if self.roads is not None else None
+        self.reads_inputs_from = None if not self.single_copy else \
+            CROWDED_INPUT_BYTES if self.oversubscribed else DIRECT_INPUT_BYTES
+        # ... of inputs larger than this: where ranks outnumber cores, those that an area does
+        # not hold (a smaller one takes one exchange through the areas, as fast or faster).
+        self.reads_inputs_above = self._area_bytes if self.oversubscribed else 0
         # A checked pair's messages from here up each way are read in place (see "Pair
         # messages read in place"); None: none are.
         self.pairs_read_from = PAIR_IN_PLACE_BYTES if self.roads is not None else None
@@ -1081,7 +1094,7 @@ class SlotTransport(Transport):
         """Every rank's `buf` through the one-shot areas (`_one_shot_exchange`), or read in
         place at any size; or, larger than an area, the call checked in an area and the data
         the long way."""
-        in_place = reads is not None and self.reads_in_place(reads)
+        in_place = reads is not None and self.reads_in_place(reads, buf.nbytes)
         if buf.nbytes > self._area_bytes and not in_place:
             if call is not None:
                 self._all_inputs(buf[:0], call)
@@ -1089,11 +1102,12 @@ class SlotTransport(Transport):
         return self._one_shot_exchange(buf.shape, buf.dtype, reads)(
             buf, call_line(call, buf.nbytes), into)
 
-    def reads_in_place(self, reads: Reads) -> bool:
-        """From `reads_inputs_from` taken of each input (see "Inputs read in place"). (The same
-        on every rank, for the reads that the collectives name: a block each of an all-to-all
-        or a reduce-scatter, every input whole of an all-gather.)"""
-        return self.reads_inputs_from is not None \
+    def reads_in_place(self, reads: Reads, nbytes: int) -> bool:
+        """From `reads_inputs_from` taken of each input of more than `reads_inputs_above`
+        bytes (see "Inputs read in place"). (The same on every rank, for the reads that the
+        collectives name: a block each of an all-to-all or a reduce-scatter, every input whole
+        of an all-gather.)"""
+        return self.reads_inputs_from is not None and nbytes > self.reads_inputs_above \
             and min(hi - lo for lo, hi in reads) >= self.reads_inputs_from
 
     def prepare_all_inputs(self, shape: tuple[int, ...], dtype: Any, collective: str,
@@ -1125,9 +1139,9 @@ class SlotTransport(Transport):
         rank's own lines, and calls for the copy and for `settle` took 1.9.)
         """
         if reads is not None:  # (few exchanges name reads)
-            by_address, least = self.reads_in_place(reads), self.references_from
-            if by_address or self._registered and least is not None and \
-                    math.prod(shape) * numpy.dtype(dtype).itemsize >= least:
+            nbytes = math.prod(shape) * numpy.dtype(dtype).itemsize
+            by_address, least = self.reads_in_place(reads, nbytes), self.references_from
+            if by_address or self._registered and least is not None and nbytes >= least:
                 return kept(self._exchanges, (shape, dtype, reads, by_address), KEPT_EXCHANGES,
                             lambda: self._new_exchange_in_place(shape, dtype, reads,
                                                                 by_address))
