@@ -62,16 +62,17 @@ def every_input(nbytes: int, size: int) -> tuple[tuple[int, int], ...]:
     """What a rank takes of every rank's input of `nbytes` to a one-shot all-gather: all of
     each (`Transport.all_inputs`' `reads`). Named, although taking every input whole is what
     an exchange does by default, because an all-gather places them as they come: its exchange
-    may read them straight where they belong. (A reduction's, or a rooted collective's, goes
-    through the areas, measured faster: README, "A second machine".)"""
+    may read them straight where they belong, at any size (`Transport.reads_in_place`). (A
+    reduction's and a rooted collective's reads are named otherwise, so that theirs do not:
+    through the areas they were measured faster, README "A second machine".)"""
     return ((0, nbytes),) * size
 
 
 def from_root(nbytes: int, root: int, rank: int, size: int) -> tuple[tuple[int, int], ...]:
     """What `rank` takes of every rank's input of `nbytes` to a one-shot broadcast from
     `root`: the root's whole, and nothing at the root (`Transport.all_inputs`' `reads`).
-    Named so that the exchange may read the root's input where it lies (in registered
-    memory) straight into place."""
+    Named so that the exchange may leave the root's input where it lies, in registered
+    memory, for the others to copy it from there."""
     return tuple((0, nbytes if r == root != rank else 0) for r in range(size))
 
 
