@@ -105,12 +105,12 @@ into its area, for its peers to copy what they take back out. Where the caller n
 rank takes of each input (`reads`: its own block of each, in an all-to-all or a reduce-scatter;
 every input whole, in an all-gather), and that is at least `reads_inputs_from` (where direct
 reads work: DIRECT_INPUT_BYTES, or CROWDED_INPUT_BYTES where ranks outnumber cores), it copies
-nothing instead: each rank writes the address of its input in its call line, and once the lines have
-come and agree, reads what it takes of each peer's input straight out of the peer's memory,
-into place where the caller says (`into`: the result of an all-to-all or an all-gather) or into
-scratch, and copies its own part. It then counts the turn in its read line, and returns once
-every peer's has counted it: they were reading its input. Read in place, an input need not fit
-an area: an all-to-all or an all-gather then takes one exchange at any size
+nothing instead: each rank writes the address of its input in its call line, and once the lines
+have come and agree, reads what it takes of each peer's input straight out of the peer's
+memory, into place where the caller says (`into`: the result of an all-to-all or an all-gather)
+or into scratch, and copies its own part. It then counts the turn in its read line, and returns
+once every peer's has counted it: they were reading its input. Read in place, an input need not
+fit an area: an all-to-all or an all-gather then takes one exchange at any size
 (`Transport.reads_in_place`), placing each block straight where it belongs, as the pairwise
 exchange and the ring would, with one wait (a reduce-scatter's one exchange still fits an area,
 into scratch). A read is a system call and, across cores, two to three times a copy's time a
@@ -124,11 +124,11 @@ straight out of them. Where ranks outnumber cores, each step of the pairwise exc
 ring waits for a peer to be scheduled, and one exchange pays that once: there inputs larger
 than an area (`reads_inputs_above`) are read in place from CROWDED_INPUT_BYTES taken of each.
 Measured on 4 ranks sharing 2 cores (`mpiexec -n 4 python -m benchmarks.all_to_all -b 256K -e
-4M -f 4 -n 10 -w 2 --transport shm --compare mpi`, and the same all_gather): a 1 MiB
-all-to-all took 538 us where the pairwise exchange took 1019 (MPICH's 327-402), a 4 MiB
-all-gather 2507 where the ring took 3262; on 3 ranks, 537 against 623, and 2245 against
-3123. Every rank of a call names alike what it takes, so all take the same exchange; the
-general path names the same as the lane.
+4M -f 4 -n 10 -w 2 --transport shm --compare mpi`, and the same all_gather): a 1 MiB all-to-all
+took 538 us where the pairwise exchange took 1019 (MPICH's 327-402), a 4 MiB all-gather 2507
+where the ring took 3262; on 3 ranks, 537 against 623, and 2245 against 3123. Every rank of a
+call names alike what it takes, so all take the same exchange; the general path names the same
+as the lane.
 
 Folded checks. A call whose check is handed over (`check_first`) makes it in its first
 exchange: the rank first publishes what fits in its free slots, then checks (every rank's call
@@ -224,9 +224,11 @@ PAIR_IN_PLACE_BYTES = 512 << 10
 # of its own mapping of the owner's region (see "Registered memory").
 REGISTERED = 1 << 62
 OFFSET_BITS = 40
+OFFSET_MASK = (1 << OFFSET_BITS) - 1
 # A one-shot exchange of inputs of this size or more that names what each rank takes reads
-# those in registered memory where they lie (below it, copying one into an area costs less
-# than the wait for its readers).
+# those in registered memory where they lie. Below it, copying one into an area costs less
+# than the wait for its readers: on 2 ranks, a gather of 128 KiB blocks so took 47-51 us,
+# against 27-29 through the areas (`benchmarks.gather -b 256K -e 1M -f 2 --registered 1`).
 REFERENCE_BYTES = 256 << 10
 
 
@@ -1357,11 +1359,10 @@ class SlotTransport(Transport):
 
     def _region_of(self, buf: Any) -> tuple[int, int] | None:
         """(region, offset) of `buf` if it lies in registered memory (regions from 1)."""
-        start = address_of(buf)
-        for region, (lo, hi) in enumerate(self._registered_at, start=1):
-            if lo <= start and start + buf.size <= hi:
-                return region, start - lo
-        return None
+        word = self._address_word(buf)
+        if not word & REGISTERED:
+            return None
+        return (word & ~REGISTERED) >> OFFSET_BITS, word & OFFSET_MASK
 
     def _address_word(self, buf: Any) -> int:
         """Where the contiguous `buf` lies, for a peer to read it in place: its address, or,
@@ -1376,7 +1377,7 @@ class SlotTransport(Transport):
         """Where the bytes that `src`'s address `word` marked REGISTERED names lie here: in our
         mapping of its region (`_address_word`). Copied from there at memory speed, where a
         direct read is a system call and two to three times a copy's time a byte here."""
-        region, offset = (word & ~REGISTERED) >> OFFSET_BITS, word & ((1 << OFFSET_BITS) - 1)
+        region, offset = (word & ~REGISTERED) >> OFFSET_BITS, word & OFFSET_MASK
         return self._mapped_at[region - 1][src] + offset
 
     def _check_peer(self, peer: int | None, thorough: bool = False) -> None:
