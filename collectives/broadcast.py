@@ -68,6 +68,8 @@ def one_shot_broadcast(transport: Transport, work: Any, root: int) -> None:
     as what moves: the root's buffer to each other rank."""
     rank = transport.rank
     transport.at("one-shot")
+    if rank != root:
+        transport.unread()  # (none takes ours)
     inputs = transport.all_inputs(work, counted=False,
                                   reads=from_root(work.nbytes, root, rank, transport.size))
     if rank != root:

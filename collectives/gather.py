@@ -79,6 +79,8 @@ def inputs_at_root(transport: Transport, mine: Any, root: int, lands: Callable[[
     the call's check): `reads`, what each rank takes of each input. Counted as what the root
     takes: one message from each rank, the size of `lands(src)`, where src's lands."""
     transport.at("one-shot")
+    if transport.rank == root:
+        transport.unread()  # (none takes the root's)
     inputs = transport.all_inputs(mine, counted=False, reads=reads,
                                   into=into if transport.rank == root else None)
     if transport.rank != root:

@@ -125,6 +125,8 @@ def small_reduce(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, op: str
                         and not _fits(recvbuf, sendbuf.shape, sendbuf.dtype)):
         return GENERAL
     ufunc, average, exchange = kind
+    if rank == root:
+        comm._transport.unread()  # (none takes the root's input: `to_root`)
     inputs = _exchange(comm, exchange, sendbuf)
     if rank != root:
         return None
@@ -144,6 +146,8 @@ def small_broadcast(comm: Any, buf: numpy.ndarray, root: int) -> Any:
         reads=from_root(buf.nbytes, root, transport.rank, transport.size))
     if kind is None:
         return GENERAL
+    if transport.rank != root:
+        transport.unread()  # (none takes ours: `from_root`)
     inputs = _exchange(comm, kind[2], buf)
     if transport.rank != root:
         buf[...] = inputs[root]
@@ -168,7 +172,9 @@ def small_gather(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, root: i
         _exchange(comm, kind[2], sendbuf)
         return None
     result = numpy.empty(shape, sendbuf.dtype) if recvbuf is None else recvbuf
-    if _placed(result, sendbuf):  # the peers' blocks, placed; then ours (not taken: `to_root`)
+    placed = _placed(result, sendbuf)
+    transport.unread()  # (none takes the root's input: `to_root`)
+    if placed:  # the peers' blocks, placed; then ours
         _exchange(comm, kind[2], sendbuf, result)
         result[root] = sendbuf
         return result

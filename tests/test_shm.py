@@ -99,12 +99,46 @@ def collectives_scenario(segment_bytes: str, one_shot_bytes: str, single_copy: s
                              dtype="float64", root=root, given=root % 2 == 0)
     if comm.rank < 2:  # a small sendrecv: through the pair areas
         comm.sendrecv(numpy.arange(4.0), 1 - comm.rank)
+    if int(one_shot_bytes):
+        unread_inputs_stay_out_of_the_areas(comm)
     comm.barrier()
     comm.close()
     gc.collect()
     # Closed, the communicator keeps no view of any region: each mapping has gone.
     assert not re.findall(r"/dev/shm/ringcc-", open("/proc/self/maps").read())
     print("collectives ok", flush=True)
+
+
+def unread_inputs_stay_out_of_the_areas(comm) -> None:
+    """White box: a one-shot gather's or reduce's root, and a broadcast's other ranks, publish
+    an input that no peer takes, which stays out of their one-shot areas (`Transport.unread`);
+    the others' go in. By the lanes and by the general path; right results all the same."""
+    from transports.slots import SLOTS
+
+    transport, rank, size = comm._transport, comm.rank, comm.size
+
+    def in_our_areas(values: numpy.ndarray) -> bool:
+        raw, data = values.view(numpy.uint8), transport._data[rank]
+        return any(numpy.array_equal(data[lo:lo + raw.size], raw)
+                   for lo in (SLOTS * transport.slot_bytes + parity * transport._area_bytes
+                              for parity in range(2)))
+
+    for root in range(size):
+        for kind, collective in enumerate(("gather", "reduce", "broadcast")):
+            for general in (False, True):
+                made = 1000.0 * (1 + 100 * root + 10 * kind + 5 * general)  # (none is 0)
+                mine = numpy.full(64, made + rank)
+                sent = mine.copy()
+                got = getattr(comm, collective)(mine, root=root, async_op=general)
+                got = got.wait() if general else got
+                taken = rank == root if collective == "broadcast" else rank != root
+                assert in_our_areas(sent) == taken, (collective, root, general)
+                everyone = numpy.stack([numpy.full(64, made + r) for r in range(size)])
+                if collective == "broadcast":
+                    numpy.testing.assert_array_equal(got, everyone[root])
+                elif rank == root:
+                    numpy.testing.assert_array_equal(
+                        got, everyone if collective == "gather" else everyone.sum(axis=0))
 
 
 def registered_send_waits_for_a_slot(comm) -> None:

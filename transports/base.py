@@ -213,6 +213,7 @@ class Transport(ABC):
         self.phase = ""  # which pass of the algorithm is running ("reduce-scatter"), for traces
         self.step = 0  # which step of that pass, for traces and error messages
         self._call: tuple[int, ...] | None = None  # the descriptor the next all_inputs carries
+        self._unread = False  # whether no peer takes this rank's input to the next (`unread`)
         self.closed = False
         self.abandoned: str | None = None  # why every wait is to stop at once (`abandon`)
         # Where this transport is a part of another (hierarchical.py), the world rank of each
@@ -245,6 +246,12 @@ class Transport(ABC):
         the exchange that moves its data.
         """
         self._what, self._number, self.phase, self.step, self._call = where, 0, phase, 0, call
+
+    def unread(self) -> None:
+        """No peer takes any of this rank's input to its next `all_inputs` (a broadcast's other
+        ranks', a gather's or a reduce's root's): a transport may leave it unmoved. Said just
+        before that exchange, on the ranks it is true of, and forgotten after it."""
+        self._unread = True
 
     def at(self, phase: str, step: int = 0) -> None:
         """The algorithm is at `step` of `phase` ("reduce-scatter", 2)."""
@@ -379,6 +386,14 @@ class Transport(ABC):
         r's input in block r (`place`), and None is returned; whether it is given may differ
         from rank to rank.
         """
+        try:
+            return self._all_inputs_counted(buf, counted, reads, into)
+        finally:
+            self._unread = False  # (for this exchange only, whether it heeded it or not)
+
+    def _all_inputs_counted(self, buf: Any, counted: bool, reads: Reads | None,
+                            into: Any | None) -> list[Any] | None:
+        """`all_inputs`, counted."""
         if not buf.flags.c_contiguous:
             raise ValueError("transports move contiguous arrays only")
         call, self._call = self._call, None
@@ -477,9 +492,12 @@ class Transport(ABC):
             stats.bytes_sent += sent
             stats.bytes_received += received
             stats.messages += messages
-            if into is None:
-                return move(buf, line)
-            inputs = move(buf, line, into)
+            try:
+                if into is None:
+                    return move(buf, line)
+                inputs = move(buf, line, into)
+            finally:
+                self._unread = False  # (for this exchange only, whether it heeded it or not)
             return None if inputs is None else place(inputs, reads, into)
         return exchange
 

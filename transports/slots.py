@@ -1171,7 +1171,9 @@ class SlotTransport(Transport):
             if not host:
                 settle()  # the previous turn's reads of peers' areas are done
             self._one_shots = turn = self._one_shots + 1
-            if host:
+            if self._unread:  # (none takes it: our area keeps what it held)
+                self._unread = False
+            elif host:
                 ours[turn & 1][...] = buf
             elif nbytes:
                 copy(ours[turn & 1], buf)
@@ -1253,9 +1255,12 @@ class SlotTransport(Transport):
             ours_at = address_of(buf)
             into_at = None if into is None else address_of(into)
             word = self._address_word(buf) if registered else ours_at
-            if not by_address and (not word & REGISTERED or into_at is not None
-                                   and into_at < ours_at + nbytes
-                                   and ours_at < into_at + into.nbytes):
+            unread, self._unread = self._unread, False
+            if unread:  # none takes it: nothing to say where it lies, none to wait for
+                word = 0
+            elif not by_address and (not word & REGISTERED or into_at is not None
+                                     and into_at < ours_at + nbytes
+                                     and ours_at < into_at + into.nbytes):
                 # Through our area (where we place what we take over `buf` too): none waits.
                 ctypes.memmove(areas_at[parity][rank], ours_at, nbytes)
                 word = 0
@@ -1275,7 +1280,7 @@ class SlotTransport(Transport):
             where = 1 if into is None else 0
             base = address_of(scratch) if into is None else into_at
             for lo, length, at in ours:
-                if word or into is not None:  # (else our area holds it, returned as it is)
+                if word or unread or into is not None:  # (else our area holds it, as it is)
                     ctypes.memmove(base + at[where], ours_at + lo, length)
                     if inputs is not None:
                         inputs[rank] = scratched[rank]
