@@ -14,8 +14,9 @@ overlap it with, so the message goes whole (the transport still streams it, or t
 reads it in one copy).
 
 Small buffers take one exchange instead (`one_shot_broadcast`): every rank publishes its buffer
-(only the root's is read), and the others copy the root's; one wait instead of a chain of N-1
-hops, each of which may wait for its rank to be scheduled when ranks outnumber cores.
+(only the root's is read: the others' are not even copied, `Transport.unread`), and the others
+copy the root's; one wait instead of a chain of N-1 hops, each of which may wait for its rank
+to be scheduled when ranks outnumber cores.
 """
 
 from __future__ import annotations

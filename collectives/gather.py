@@ -25,9 +25,9 @@ ranks: worth it where each message pays a long latency, not between the cores of
 Uneven blocks (`counts`, MPI's Gatherv) follow the same schedule with uneven bounds.
 
 Small equal blocks take one exchange instead (`one_shot_gather`): every rank publishes its
-block in its one-shot area, and the root copies them out; one wait instead of N-1 steps. (A
-block in registered memory is left where it lies, and the root copies it from there: see
-transports/slots.py, "Registered memory".)
+block in its one-shot area, and the root copies them out; one wait instead of N-1 steps. (The
+root's own goes nowhere, `Transport.unread`; a block in registered memory is left where it
+lies, and the root copies it from there: see transports/slots.py, "Registered memory".)
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from typing import Any
 
 from transports.base import ReduceOp, Transport
 
-from .all_reduce import reduce_in_rank_order
+from .all_reduce import reduce_in_rank_order, with_own
 from .ops import identity
 
 
@@ -77,10 +77,16 @@ def one_shot_scan(transport: Transport, mine: Any, out: Any, op: ReduceOp,
     """Scan the flat array `mine` into `out` (flat, the same size) in one exchange
     (`Transport.all_inputs`, which also carries the call's check); two or more ranks. Counted
     as what is read: rank r's input by each rank above it. `mine` may be `out`: it is
-    published before `out` is written. Rank 0's exclusive `out` is left for the caller."""
+    published before `out` is written. Rank 0's exclusive `out` is left for the caller. The
+    last rank's input no peer takes: it reduces its own where it lies (`Transport.unread`)."""
     rank, size = transport.rank, transport.size
     transport.at("one-shot")
+    last = rank == size - 1
+    if last:
+        transport.unread()
     inputs = transport.all_inputs(mine, counted=False)
+    if last:
+        inputs = with_own(transport.xp, inputs, mine, rank, out)
     for peer in range(size):
         if peer > rank:
             transport.count(mine, peer, None, None)

@@ -260,8 +260,13 @@ def small_scan(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, op: str,
         moved=_up_the_ranks(comm, sendbuf.nbytes))
     if kind is None or recvbuf is not None and not _fits(recvbuf, sendbuf.shape, sendbuf.dtype):
         return GENERAL
+    last = transport.rank == transport.size - 1
+    if last:
+        transport.unread()  # (none takes the last rank's input: it reduces its own as it lies)
     inputs = _exchange(comm, kind[2], sendbuf)
     out = numpy.empty(sendbuf.shape, sendbuf.dtype) if recvbuf is None else recvbuf
+    if last:
+        inputs = with_own(numpy, inputs, sendbuf, transport.rank, out)
     prefix(numpy, inputs, transport.rank, kind[0], exclusive, out)
     finish(numpy, out, op, transport.rank, exclusive)
     return out

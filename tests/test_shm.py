@@ -110,9 +110,10 @@ def collectives_scenario(segment_bytes: str, one_shot_bytes: str, single_copy: s
 
 
 def unread_inputs_stay_out_of_the_areas(comm) -> None:
-    """White box: a one-shot gather's or reduce's root, and a broadcast's other ranks, publish
-    an input that no peer takes, which stays out of their one-shot areas (`Transport.unread`);
-    the others' go in. By the lanes and by the general path; right results all the same."""
+    """White box: a one-shot gather's or reduce's root, a broadcast's other ranks, and a
+    scan's last rank publish an input that no peer takes, which stays out of their one-shot
+    areas (`Transport.unread`); the others' go in. By the lanes and by the general path; right
+    results all the same."""
     from transports.slots import SLOTS
 
     transport, rank, size = comm._transport, comm.rank, comm.size
@@ -124,18 +125,24 @@ def unread_inputs_stay_out_of_the_areas(comm) -> None:
                               for parity in range(2)))
 
     for root in range(size):
-        for kind, collective in enumerate(("gather", "reduce", "broadcast")):
+        for kind, collective in enumerate(("gather", "reduce", "broadcast", "scan")):
             for general in (False, True):
                 made = 1000.0 * (1 + 100 * root + 10 * kind + 5 * general)  # (none is 0)
                 mine = numpy.full(64, made + rank)
                 sent = mine.copy()
-                got = getattr(comm, collective)(mine, root=root, async_op=general)
+                if collective == "scan":  # (in place: the last rank reads its own where it lies)
+                    got = comm.scan(mine, mine, async_op=general)
+                else:
+                    got = getattr(comm, collective)(mine, root=root, async_op=general)
                 got = got.wait() if general else got
-                taken = rank == root if collective == "broadcast" else rank != root
+                taken = rank == root if collective == "broadcast" else \
+                    rank != size - 1 if collective == "scan" else rank != root
                 assert in_our_areas(sent) == taken, (collective, root, general)
                 everyone = numpy.stack([numpy.full(64, made + r) for r in range(size)])
                 if collective == "broadcast":
                     numpy.testing.assert_array_equal(got, everyone[root])
+                elif collective == "scan":
+                    numpy.testing.assert_array_equal(got, everyone[:rank + 1].sum(axis=0))
                 elif rank == root:
                     numpy.testing.assert_array_equal(
                         got, everyone if collective == "gather" else everyone.sum(axis=0))

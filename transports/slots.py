@@ -94,11 +94,12 @@ larger than a pair area is read in place at any size.
 
 A call of one exchange (a small all-reduce, a call check) instead publishes its whole input in
 a one-shot area (`_all_inputs`), with its call descriptor beside it, and every rank reads every
-other's: one publish and one wait both check the call and move its data. Memory per rank,
-whatever the message: SLOTS * segment_bytes + 2 * one_shot_bytes + the control lines (a page up
-to 11 ranks), and on the host the pair areas (below). A wait spins briefly, then yields the
-CPU (`Transport.wait`), and stops with PeerFailedError if the peer's process has died rather
-than wait out the timeout.
+other's: one publish and one wait both check the call and move its data. An input that no peer
+takes (`Transport.unread`: a broadcast's other ranks', a gather's or a reduce's root's) is not
+copied: its area keeps what it held. Memory per rank, whatever the message: SLOTS *
+segment_bytes + 2 * one_shot_bytes + the control lines (a page up to 11 ranks), and on the host
+the pair areas (below). A wait spins briefly, then yields the CPU (`Transport.wait`), and stops
+with PeerFailedError if the peer's process has died rather than wait out the timeout.
 
 Inputs read in place. Through the areas, a one-shot exchange copies each rank's whole input
 into its area, for its peers to copy what they take back out. Where the caller names what each
