@@ -85,7 +85,7 @@ the pair messages read in place (below): where one lies in registered memory, th
 says where holds its region and offset, marked REGISTERED, instead of its address, and the
 reader copies it out of its own mapping of the owner's region. A direct read is a system call
 that costs two to three times a copy a byte here; this is a copy (README, "Every collective
-from registered buffers": 1.28x-3.3x MPICH's speed at 1 MiB on 2 ranks). So a one-shot
+from registered buffers": 1.26x-2.93x MPICH's speed at 1 MiB on 2 ranks). So a one-shot
 exchange that names what each rank takes (`reads`) leaves a registered input of
 `references_from` or more (REFERENCE_BYTES, where every rank has a core) where it lies below
 `reads_inputs_from` too, where it would otherwise copy it into its area, and its owner then
