@@ -249,8 +249,9 @@ class Transport(ABC):
 
     def unread(self) -> None:
         """No peer takes any of this rank's input to its next `all_inputs` (a broadcast's other
-        ranks', a gather's or a reduce's root's): a transport may leave it unmoved. Said just
-        before that exchange, on the ranks it is true of, and forgotten after it."""
+        ranks', a gather's or a reduce's root's, a scan's last rank's): a transport may leave
+        it unmoved. Said just before that exchange, on the ranks it is true of, and forgotten
+        after it, whether the transport heeded it or not."""
         self._unread = True
 
     def at(self, phase: str, step: int = 0) -> None:
