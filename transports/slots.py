@@ -778,12 +778,13 @@ class SlotTransport(Transport):
             word = self._address_word(mine) if self._registered else 0
             if word & REGISTERED and mine.nbytes > PAIR_AREA_BYTES or reads_from is not None \
                     and mine.nbytes >= reads_from and into.nbytes >= reads_from:
-                return self._through_pair_lines(mine, peer, into, said, expected, IN_PLACE)
+                return self._through_pair_lines(mine, peer, into, said, expected,
+                                                word or address_of(mine), IN_PLACE)
         if not self._straight(mine, into):
             return False
         if said is not None and self._pair_out is not None \
                 and mine.nbytes <= PAIR_AREA_BYTES and into.nbytes <= PAIR_AREA_BYTES:
-            return self._through_pair_lines(mine, peer, into, said, expected, INLINE)
+            return self._through_pair_lines(mine, peer, into, said, expected, 0, INLINE)
         if not self._slot_free():
             self.wait(self._slot_free, self._slot_holder(), "a free slot")
         self._publish(mine.view(numpy.uint8), peer, mine.nbytes)
@@ -797,19 +798,19 @@ class SlotTransport(Transport):
         return True
 
     def _through_pair_lines(self, mine: Any, peer: int, into: Any, said: tuple[int, ...],
-                            expected: tuple[int, ...], how: int) -> bool | tuple[int, ...]:
+                            expected: tuple[int, ...], where: int,
+                            how: int) -> bool | tuple[int, ...]:
         """`pair_message` of a message whose data the pair's lines say where to find: in our
         pair area for `peer` (`how` INLINE, "Pair areas"), or in `mine` itself (IN_PLACE,
-        "Pair messages read in place"), our words marked so; then, once the peer's words have
-        come and agree, the peer's data from where its mark says, or, where it has none (its
-        message goes the general way), both messages as the general way moves them once
-        checked (`_sendrecv`). The result as `pair_message`'s."""
+        "Pair messages read in place": `where` it lies, `_address_word`), our words marked so;
+        then, once the peer's words have come and agree, the peer's data from where its mark
+        says, or, where it has none (its message goes the general way), both messages as the
+        general way moves them once checked (`_sendrecv`). The result as `pair_message`'s."""
         turn = self._pairs[peer] + 1
         if how == INLINE:
             self._pair_out[peer][turn & 1][:mine.nbytes] = mine.data.cast("B")
         else:
-            self._own[self._pair_words(peer, turn) + WORDS - 1] = \
-                self._address_word(mine) if self._registered else address_of(mine)
+            self._own[self._pair_words(peer, turn) + WORDS - 1] = where
         turn = self._say(peer, (said[0] | how, *said[1:]))
         heard = self._hear(peer, said, turn)
         if heard != expected:
