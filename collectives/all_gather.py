@@ -10,7 +10,7 @@ Small equal blocks take one exchange instead (`one_shot_all_gather`): every rank
 block and reads every other's at once, the call's check riding along. It moves the same bytes
 as the ring, (N-1)/N of the output each way, but waits once instead of N-1 times. Where the
 transport reads each block straight out of its owner's memory into place
-(`Transport.reads_in_place`: shm, on ranks with a core each), blocks of any size take it:
+(`Transport.reads_in_place`: shm, where direct reads work), blocks of any size take it:
 each is then copied once, as in the ring, with one wait.
 """
 

@@ -29,7 +29,7 @@ Small equal blocks take one exchange instead (`one_shot_all_to_all`): each rank 
 whole buffer and takes its own block out of every other's. N-1 steps each wait for one peer;
 on ranks that outnumber cores, each such wait may wait for the peer to be scheduled, so one
 wait for all pays that once. Where the transport reads each block straight out of its owner's
-memory into place (`Transport.reads_in_place`: shm, on ranks with a core each), equal blocks
+memory into place (`Transport.reads_in_place`: shm, where direct reads work), equal blocks
 of any size take it: each block then moves once, as in the pairwise exchange, with one wait.
 """
 
