@@ -64,18 +64,19 @@ def ring_broadcast(transport: Transport, work: Any, root: int) -> None:
 def one_shot_broadcast(transport: Transport, work: Any, root: int) -> None:
     """Broadcast the flat contiguous array `work` from `root` in one exchange
     (`Transport.all_inputs`, which also carries the call's check). Every rank publishes its
-    `work`, the same size everywhere, and all but the root copy the root's (naming what they
-    take, `from_root`: the exchange may read it where it lies, in registered memory). Counted
-    as what moves: the root's buffer to each other rank."""
+    `work`, the same size everywhere, and all but the root take the root's, into `work`
+    (naming what they take, `from_root`: the exchange may read it where it lies, in
+    registered memory, or share its copy with the root). Counted as what moves: the root's
+    buffer to each other rank."""
     rank = transport.rank
     transport.at("one-shot")
     if rank != root:
         transport.unread()  # (none takes ours)
-    inputs = transport.all_inputs(work, counted=False,
-                                  reads=from_root(work.nbytes, root, rank, transport.size))
+    transport.all_inputs(work, counted=False, reads=from_root(work.nbytes, root, rank,
+                                                              transport.size),
+                         into=None if rank == root else work)
     if rank != root:
         transport.count(None, None, work, root)
-        work[...] = inputs[root]
         return
     for dst in range(transport.size):
         if dst != rank:

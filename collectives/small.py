@@ -136,7 +136,7 @@ def small_reduce(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, op: str
 
 def small_broadcast(comm: Any, buf: numpy.ndarray, root: int) -> Any:
     """`comm.broadcast(buf, root)` by the lane, or GENERAL: every rank publishes its `buf`
-    (the general path's exchange), and all but the root copy the root's."""
+    (the general path's exchange), and all but the root take the root's, into `buf`."""
     if not _open(comm, buf) or not buf.flags.writeable or not _is_rank(comm, root):
         return GENERAL
     transport = comm._transport
@@ -148,9 +148,9 @@ def small_broadcast(comm: Any, buf: numpy.ndarray, root: int) -> Any:
         return GENERAL
     if transport.rank != root:
         transport.unread()  # (none takes ours: `from_root`)
-    inputs = _exchange(comm, kind[2], buf)
-    if transport.rank != root:
-        buf[...] = inputs[root]
+        _exchange(comm, kind[2], buf, buf)  # (the root's lands in `buf`: `place`)
+    else:
+        _exchange(comm, kind[2], buf)
     return buf
 
 

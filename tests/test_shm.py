@@ -426,6 +426,93 @@ def late_share_scenario() -> None:
     print("late share ok", flush=True)
 
 
+def shared_inputs_scenario() -> None:
+    """On 2 ranks with a core each, one-shot inputs of SHARED_BYTES or more that one rank takes
+    of the other are shared (slots.py, "Shared inputs"): a broadcast's root and a gather's
+    other rank write half of their input into a reader that places it, which reads the rest;
+    a reader that does not place it (a reduce's root, the lane's gather in place) reads it
+    all; inputs that both ranks take (an all-reduce's) go through the areas, as do smaller
+    ones. By the lane and the general path, from either root, against NumPy, with the reads
+    and writes counted. Then a reader whose owner has not come gives up: it withdraws its ask,
+    so that the owner, come late, writes nothing, and it keeps the buffer it lent."""
+    from mpi4py import MPI
+
+    from transports import slots
+
+    world = MPI.COMM_WORLD
+    moved: list[tuple[str, int]] = []
+    read, write = slots.read_peer_bytes, slots.write_peer_bytes
+    slots.read_peer_bytes = lambda pid, there, here, n: (moved.append(("read", n)),
+                                                         read(pid, there, here, n))
+    slots.write_peer_bytes = lambda pid, there, here, n: (moved.append(("write", n)),
+                                                          write(pid, there, here, n))
+    with collectives.init("shm", timeout=30) as comm:
+        rank = comm.rank
+        assert comm._transport.shares_inputs_from == slots.SHARED_BYTES, "needs a core per rank"
+        for nbytes in (slots.SHARED_BYTES - 8, slots.SHARED_BYTES + 8, 1 << 20):
+            shared, half = nbytes >= slots.SHARED_BYTES, nbytes // 2 // 64 * 64
+            everyone = [numpy.arange(nbytes // 8) * 2.0 + r + 0.5 for r in range(2)]
+            mine = everyone[rank].copy()
+            for root in range(2):
+                owner = rank != root  # (of a gather's, or a reduce's, input taken)
+                split = [] if not shared else [("read", nbytes - half)] if not owner \
+                    else [("write", half)]
+                whole = [] if not shared or owner else [("read", nbytes)]
+                for general in (False, True):
+                    def run(name, *args, **kwargs):
+                        moved.clear()
+                        got = getattr(comm, name)(*args, root=root, async_op=general, **kwargs)
+                        return got.wait() if general else got
+
+                    why = (nbytes, root, general)
+                    buf = mine.copy()
+                    run("broadcast", buf)
+                    numpy.testing.assert_array_equal(buf, everyone[root])
+                    assert moved == ([] if not shared else [("write", half)] if rank == root
+                                     else [("read", nbytes - half)]), (why, moved)
+                    result = numpy.full((2, nbytes // 8), -1.0)
+                    run("gather", mine, result)
+                    assert moved == split, (why, moved)
+                    result[...] = -1.0
+                    result[root] = mine if rank == root else -1.0
+                    run("gather", result[root] if rank == root else mine, result)  # in place
+                    assert moved == (whole if not general else split), (why, moved)
+                    if rank == root:
+                        numpy.testing.assert_array_equal(result, numpy.stack(everyone))
+                    got = run("reduce", mine)
+                    assert moved == whole, (why, moved)
+                    if rank == root:
+                        numpy.testing.assert_array_equal(got, everyone[0] + everyone[1])
+                moved.clear()
+                got = comm.all_reduce(mine)
+                numpy.testing.assert_array_equal(got, everyone[0] + everyone[1])
+                assert moved == [], moved
+    slots.read_peer_bytes, slots.write_peer_bytes = read, write
+    # The root comes only once its reader has given up (by MPI: no race to lose).
+    comm = collectives.init("shm", timeout=1)
+    buf = numpy.zeros(slots.SHARED_BYTES // 8)
+    said = ""
+    try:
+        if rank == 0:
+            world.recv(source=1)
+            comm.broadcast(buf + 7, root=0)
+        else:
+            try:
+                comm.broadcast(buf, root=0)
+            finally:
+                world.send(None, dest=0)
+    except collectives.CollectiveTimeoutError as error:
+        said = str(error)
+    world.barrier()
+    if rank == 1:
+        assert "one-shot inputs" in said, said
+        assert not buf.any(), buf[:3]  # nothing written: the ask was withdrawn
+        assert any(lent is buf for lent in slots._LENT), slots._LENT
+    else:
+        assert "its input to be read" in said, said
+    print("shared inputs ok", flush=True)
+
+
 def errors_scenario() -> None:
     """The errors of `init`, and the region's mode: none of them allocates a region."""
     from transports import bootstrap, shared_memory
@@ -536,19 +623,19 @@ def direct_scenario() -> None:
     """Which messages go by direct read: from DIRECT_BYTES up, sent while receiving (a ring
     step, a sendrecv) or left for the receiver while the sender works (a scatter's root: from
     more than a segment where ranks share cores); and which are shared, the sender writing
-    its part into the receiver (slots.py, "Shared copies"): from DIRECT_BYTES up, sent one
+    its part into the receiver (slots.py, "Shared copies"): from SHARED_BYTES up, sent one
     way, where every rank has a core. Messages on either side of the threshold, one way and
     both ways, checked against NumPy, with the reads and writes counted."""
     from mpi4py import MPI
 
-    from transports.slots import DIRECT_BYTES
+    from transports.slots import DIRECT_BYTES, SHARED_BYTES
 
     os.environ["RINGCC_SINGLE_COPY"] = "1"
     with collectives.init("shm", timeout=30) as comm:
         rank, size, transport = comm.rank, comm.size, comm._transport
         cores = set().union(*MPI.COMM_WORLD.allgather(os.sched_getaffinity(0)))
         assert transport.oversubscribed == (size > len(cores))
-        assert transport.shares_from == (None if transport.oversubscribed else DIRECT_BYTES)
+        assert transport.shares_from == (None if transport.oversubscribed else SHARED_BYTES)
         # (On 2 ranks a sendrecv has one peer, and is read in place from 512 KiB by its pair's
         # lines, `test_point_to_point.py`; here, the general path's roads.)
         pairs_read_from, transport.pairs_read_from = transport.pairs_read_from, None
@@ -560,6 +647,21 @@ def direct_scenario() -> None:
         memory.write = lambda pid, address, data: (moved.append(("write", data.nbytes)),
                                                    write(pid, address, data))
         right, left = (rank + 1) % size, (rank - 1) % size
+
+        def one_way(mine: numpy.ndarray) -> None:  # shared where every rank has a core
+            moved.clear()
+            if rank == 0:
+                comm.send(mine, 1)
+            elif rank == 1:
+                numpy.testing.assert_array_equal(comm.recv(numpy.empty_like(mine), 0), mine - 1)
+            nbytes = mine.nbytes
+            shared = transport.shares_from is not None and nbytes >= transport.shares_from
+            half = nbytes // 2 // 64 * 64
+            assert moved == ([] if rank > 1 or not shared else
+                             [("write", half)] if rank == 0 else [("read", nbytes - half)]), moved
+
+        for nbytes in (SHARED_BYTES - 64, SHARED_BYTES):
+            one_way(numpy.arange(nbytes // 8, dtype=float) * size + rank)
         for nbytes in (DIRECT_BYTES - 64, DIRECT_BYTES):
             mine = numpy.arange(nbytes // 8, dtype=float) * size + rank
             moved.clear()
@@ -584,15 +686,7 @@ def direct_scenario() -> None:
                     assert roads.cost[timed[0]] != timed[1], roads.cost  # and timed
                 roads.cost.update(cost)
                 roads.times.update(times)
-            moved.clear()
-            if rank == 0:  # one way: shared where every rank has a core
-                comm.send(mine, 1)
-            elif rank == 1:
-                numpy.testing.assert_array_equal(comm.recv(numpy.empty_like(mine), 0), mine - 1)
-            shared = transport.shares_from is not None and nbytes >= transport.shares_from
-            half = nbytes // 2 // 64 * 64
-            assert moved == ([] if rank > 1 or not shared else
-                             [("write", half)] if rank == 0 else [("read", nbytes - half)]), moved
+            one_way(mine)
             got = comm.broadcast(mine.copy(), root=size - 1)
             numpy.testing.assert_array_equal(got, mine - rank + size - 1)
             moved.clear()  # a scatter's root copies its own block while each peer reads its
@@ -944,6 +1038,10 @@ def test_a_receiver_that_gives_up_on_a_shared_message_keeps_the_buffer_it_lent()
     scenario_ends_well("late_share", 2, "late share ok")
 
 
+def test_inputs_taken_one_way_are_shared_on_two_ranks():
+    scenario_ends_well("shared_inputs", 2, "shared inputs ok")
+
+
 def test_errors_come_before_any_region_and_regions_are_0600():
     scenario_ends_well("errors", 2, "errors ok")
 
@@ -1033,7 +1131,8 @@ SCENARIOS = {"collectives": collectives_scenario, "failure": failure_scenario,
              "two_shot": two_shot_scenario,
              "errors": errors_scenario, "registered": registered_scenario,
              "mismatch": mismatch_scenario, "direct": direct_scenario,
-             "shared_failure": shared_failure_scenario, "late_share": late_share_scenario}
+             "shared_failure": shared_failure_scenario, "late_share": late_share_scenario,
+             "shared_inputs": shared_inputs_scenario}
 
 if __name__ == "__main__":
     record_regions()

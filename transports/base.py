@@ -35,7 +35,8 @@ from .errors import (CallsDiffer, CollectiveError, CollectiveTimeoutError, Inval
 # A reduction is a binary ufunc of the array module: op(mine, incoming, out=acc).
 ReduceOp = Callable[..., Any]
 # A prepared all_inputs (`Transport.prepare_all_inputs`): exchange(buf, number) -> inputs, or
-# exchange(buf, number, into), the bytes taken of rank r's input placed in block r of `into`.
+# exchange(buf, number, into), the bytes taken of rank r's input placed in block r of `into`
+# (or in `into` whole, where it holds one block: `place`).
 Exchange = Callable[..., Any]
 # What one transfer of a collective counts in `stats`: (bytes sent, to, bytes received, from).
 Moved = tuple[int, int, int, int]
@@ -93,12 +94,14 @@ def place(inputs: list[Any], reads: Reads | None, into: Any) -> None:
     """Fill the contiguous array `into` with the bytes `reads[r]` of inputs[r] (all of them
     where `reads` is None), in its block r: `into` holds a block per rank of the length that
     every read names which is not empty (they are alike; an empty one leaves its block as it
-    is). An exchange given `into` does this (`Transport.prepare_all_inputs`)."""
+    is), or, where one read only is not empty (a broadcast's), that one block. An exchange
+    given `into` does this (`Transport.prepare_all_inputs`)."""
     flat = into.reshape(-1).view(numpy.uint8)
     for r, theirs in enumerate(inputs):
         lo, hi = (0, theirs.nbytes) if reads is None else reads[r]
         if lo < hi:
-            flat[r * (hi - lo):(r + 1) * (hi - lo)] = theirs.reshape(-1).view(numpy.uint8)[lo:hi]
+            at = 0 if flat.size == hi - lo else r * (hi - lo)
+            flat[at:at + hi - lo] = theirs.reshape(-1).view(numpy.uint8)[lo:hi]
 
 
 def _sent() -> None:
@@ -383,9 +386,10 @@ class Transport(ABC):
         it, so that they show only the collectives' own traffic. `reads`: which bytes of each
         input this rank takes (`prepare_all_inputs`); every rank of the call says the same of
         its own, or none does. `into` (a contiguous array, apart from `buf` where the inputs
-        are read in place, `reads_in_place`): those bytes land there instead, those of rank
-        r's input in block r (`place`), and None is returned; whether it is given may differ
-        from rank to rank.
+        are read in place, `reads_in_place`, or where a peer takes `buf`): those bytes land
+        there instead, those of rank r's input in block r, or where `into` holds one block
+        only, there (`place`), and None is returned; whether it is given may differ from rank
+        to rank.
         """
         try:
             return self._all_inputs_counted(buf, counted, reads, into)
@@ -445,9 +449,10 @@ class Transport(ABC):
         all): the others may be left unmoved (slots.py, "Inputs read in place").
         `exchange(buf, number, into)` instead lands the bytes that `reads` names of each
         rank's input in `into` (a contiguous array that overlaps no byte of `buf` a peer
-        reads), those of rank r's in block r (`place`): an all-to-all's, an all-gather's or a
-        gather's result. A transport may read them straight there; the exchange returns None.
-        Here it is just that; a transport with a leaner way overrides this.
+        reads), those of rank r's in block r, or in the one block `into` holds (`place`): an
+        all-to-all's, an all-gather's or a gather's result, a broadcast's buffer. A transport
+        may read them straight there; the exchange returns None. Here it is just that; a
+        transport with a leaner way overrides this.
         """
         tally = self._tally(moved)
 

@@ -105,6 +105,12 @@ def write_peer(pid: int, address: int, data: numpy.ndarray) -> None:
     _cross(_process_vm_writev, "process_vm_writev", pid, address_of(data), data.nbytes, address)
 
 
+def write_peer_bytes(pid: int, address: int, local: int, nbytes: int) -> None:
+    """`write_peer` of the `nbytes` at `local` in this process (an address, as
+    `read_peer_bytes` takes one)."""
+    _cross(_process_vm_writev, "process_vm_writev", pid, local, nbytes, address)
+
+
 def _cross(call: Any, name: str, pid: int, base: int, nbytes: int, address: int) -> None:
     """Move `nbytes` bytes between `base` here and `address` in process `pid` with `call`
     (process_vm_readv or process_vm_writev), which may move less than asked at a time."""

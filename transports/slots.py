@@ -23,7 +23,8 @@ Each rank's host region holds
                 share p    one line per peer: for a shared message from p, which one and
                            where it lands; for ours to p, which one's part has landed;
                            the last pair turn whose message from p, read in place, this
-                           rank has read
+                           rank has read; for a shared input from p, the turn and where
+                           it lands; for ours to p, the last turn whose half has landed
                 push p     one line per peer: where p's forwarded result lands (posts made,
                            address, size); how many of ours to p have landed
 
@@ -50,22 +51,37 @@ into place in one system call (or, to reduce it, READ_PIECE_BYTES at a time thro
 that stays in cache) and counts it consumed, and the sender returns only then, since its
 buffer is being read. Every rank of a ring then makes one copy a step instead of two. A copy
 of middle size (more than a segment, less than DIRECT_BYTES) goes by whichever road its sender
-has measured cheaper lately, where every rank has a core (`Roads`). A message sent
-one way only is not read this way: there sender and receiver copy through the slots at once,
-on two cores, which measured faster than one core reading it all; where every rank has a
-core, it is shared instead (below). (The receiver takes a direct message however it was sent,
-so the choice is the sender's alone.) A message started by `isend` and left for its receiver
-is read this way from DIRECT_BYTES up, and where ranks share cores from more than a segment:
-streamed through the slots, it would hold its sender until the receiver runs.
+has measured cheaper lately, where every rank has a core (`Roads`). A message sent one way
+only is not read this way: where every rank has a core, from SHARED_BYTES, it is shared
+instead (below), and below that, or where ranks share cores, sender and receiver copy through
+the slots at once, which measured faster than one core reading it all. (The receiver takes a
+direct message however it was sent, so the choice is the sender's alone.) A message started
+by `isend` and left for its receiver is read this way from DIRECT_BYTES up, and where ranks
+share cores from more than a segment: streamed through the slots, it would hold its sender
+until the receiver runs.
 
-Shared copies. Where every rank has a core of its own, a message of DIRECT_BYTES or more
+Shared copies. Where every rank has a core of its own, a message of SHARED_BYTES or more
 sent one way only (a broadcast's, a scatter's, a gather's) is moved by both ends at once: the
 sender announces its address as for a direct read; the receiver says in its share line
 where the message lands, and reads all but the first half; the sender writes that half
 straight into the receiver's buffer (`process_vm_writev`), and says so. Two cores each copy
 half, where one read would copy it all: measured on 2 ranks, an 8 or 16 MiB broadcast takes
-about a fifth less time (README, "Shared memory"). A receiver that reduces the message asks
-for no part, and reads it all.
+about a fifth less time (README, "Shared memory"), and from 512 KiB to 2 MiB, where the
+slots had moved it, a half to a third less (SHARED_BYTES). A receiver that reduces the
+message asks for no part, and reads it all.
+
+Shared inputs. The one-shot exchange shares a copy the same way, on two ranks with a core
+each, for inputs of SHARED_BYTES or more of a call that names what each rank takes (`reads`):
+an owner that takes nothing (a broadcast's root, a gather's other rank) marks its address
+word SHARED instead of copying its input into its area. Its reader, where it takes that whole
+input into place (`into`: a broadcast's buffer, a gather's result), first asks, in its share
+line for the owner, with the turn and where the input lands; then publishes. Once both have
+published and the lines agree, the owner writes the first half there (`process_vm_writev`)
+and says so in its share line, while the reader reads the rest; the owner returns once the
+reader has counted the turn read (the READ counter), as for any input read in place. A reader
+that does not ask (a reduce's root, which reduces what it takes) reads it all. Measured on 2
+ranks: a 1 MiB broadcast took 96 us where through the areas it took 206 (MPICH's 130), a
+1 MiB gather 145-155 against 356-376 (MPICH's 176-205).
 
 Forwarded results. A ring all-reduce's last reduce-scatter step and its first all-gather
 step (`reduce_forward`) are fused where direct reads are, every rank has a core, and every
@@ -187,7 +203,8 @@ from .base import (CALL_WORDS, MESSAGES, Exchange, Moved, Reads, ReduceOp, Trans
                    kept)
 from .bootstrap import duplicated, on_one_node, start
 from .errors import CollectiveError, InvalidArgumentError, MismatchError, PeerFailedError
-from .shared_memory import SHM_DIR, address_of, free_bytes, read_peer_bytes, share_regions
+from .shared_memory import (SHM_DIR, address_of, free_bytes, read_peer_bytes, share_regions,
+                            write_peer_bytes)
 
 LINE = 64  # bytes: a cache line, one counter each
 PAIR_WORDS = struct.Struct("=6Q")  # a pair line's six integers, after its turn
@@ -231,6 +248,18 @@ OFFSET_MASK = (1 << OFFSET_BITS) - 1
 # than the wait for its readers: on 2 ranks, a gather of 128 KiB blocks so took 47-51 us,
 # against 27-29 through the areas (`benchmarks.gather -b 256K -e 1M -f 2 --registered 1`).
 REFERENCE_BYTES = 256 << 10
+# Messages sent one way, and one-shot inputs taken one way on two ranks, of this size or more
+# are shared where every rank has a core: their sender writes half into the receiver's buffer
+# while the receiver reads the rest (see "Shared copies", "Shared inputs"). Measured on 2
+# ranks in a spell when copies across cores cost most (one through the slots or the areas
+# costs 2x-4x a local copy): a 512 KiB send took 113-115 us where through the slots it took
+# 155-213, 1 MiB 148-150 against 280-413, 2 MiB 210-212 against 534-560 (MPICH's 71, 133,
+# 251); a broadcast of 1 MiB through the areas 206 us, shared 96 (MPICH's 130).
+SHARED_BYTES = 512 << 10
+# An address word marked so (an ordinary address: below 2**47) says that its owner takes
+# nothing in the exchange, and writes the first half of its input into its reader's buffer
+# if the reader asks (see "Shared inputs").
+SHARED = 1 << 61
 
 
 class MemoryKind(Protocol):
@@ -479,7 +508,7 @@ class SlotTransport(Transport):
         # the memory kind can: one copy instead of two, through no slot.
         self.single_copy = self.memory.can_read(self.comm, pids, self._pids is not None)
         # One-way messages from here up are shared (see "Shared copies"); None: none are.
-        self.shares_from = DIRECT_BYTES if self.single_copy and not self.oversubscribed else None
+        self.shares_from = SHARED_BYTES if self.single_copy and not self.oversubscribed else None
         self._scratch = numpy.empty(READ_PIECE_BYTES, numpy.uint8) if self.single_copy else None
         # Middle-sized messages go by the road measured cheaper (`Roads`), where either can
         # run: direct reads work, and every rank has a core (the times of ranks that share one
@@ -500,6 +529,10 @@ class SlotTransport(Transport):
         # ranks outnumber cores: an owner waits for its readers, which wait for its core
         # (measured on 4 ranks sharing 2 cores, a 512 KiB all-reduce took 2x-3x longer).
         self.references_from = REFERENCE_BYTES if not self.oversubscribed else None
+        # One-shot inputs of this size or more, on two ranks with a core each, may be shared
+        # by their owner and their reader (see "Shared inputs"); None: none are.
+        self.shares_inputs_from = SHARED_BYTES \
+            if self.shares_from is not None and size == 2 else None
         self._registered: list[list[Any]] = []  # per registered region: every rank's mapping
         self._registered_at: list[tuple[int, int]] = []  # per region: our mapping's [lo, hi)
         self._mapped_at: list[list[int]] = []  # per region: where we map each rank's
@@ -1145,7 +1178,9 @@ class SlotTransport(Transport):
         if reads is not None:  # (few exchanges name reads)
             nbytes = math.prod(shape) * numpy.dtype(dtype).itemsize
             by_address, least = self.reads_in_place(reads, nbytes), self.references_from
-            if by_address or self._registered and least is not None and nbytes >= least:
+            shares = self.shares_inputs_from is not None and nbytes >= self.shares_inputs_from
+            if by_address or shares or self._registered and least is not None \
+                    and nbytes >= least:
                 return kept(self._exchanges, (shape, dtype, reads, by_address), KEPT_EXCHANGES,
                             lambda: self._new_exchange_in_place(shape, dtype, reads,
                                                                 by_address))
@@ -1214,7 +1249,10 @@ class SlotTransport(Transport):
         they lie, and their owners wait for their readers (see "Registered memory"). Each of
         the others is copied into its owner's area, as `_new_one_shot_exchange` does, and
         read from there: into `into`, or where none is given, not at all (the area itself is
-        returned as that rank's input)."""
+        returned as that rank's input).
+
+        On two ranks from SHARED_BYTES, an owner that takes nothing shares its input with a
+        reader that asks (see "Shared inputs")."""
         nbytes = math.prod(shape) * numpy.dtype(dtype).itemsize
         rank, size = self.rank, self.size
         stride = max(self._area_bytes, nbytes)  # between two ranks' inputs in scratch
@@ -1248,6 +1286,19 @@ class SlotTransport(Transport):
         own, lines = self._own, self._call_lines
         peers = [ctl for r, ctl in enumerate(self._ctl) if r != rank]
         registered = self._registered_at  # (a list: regions registered later count too)
+        # A rank that takes one input only may give `into` of that one block: it lands there.
+        alone_length, alone_at = (landing[0][2], landing[0][3][0]) if len(landing) == 1 \
+            else (-1, 0)
+        # Shared inputs (two ranks): an owner that takes nothing offers its reader to write
+        # half of its input; a reader that takes its peer's whole input, into place, asks.
+        shares = self.shares_inputs_from is not None and nbytes >= self.shares_inputs_from
+        offers = shares and not landing
+        asker = wanted[0] if shares and len(landing) == 1 and wanted \
+            and wanted[0][2] == nbytes else None
+        part = _sender_part(nbytes)
+        peer = (rank + 1) % size  # (the only one, where inputs are shared)
+        share = (self._share_line + peer) * WORDS  # our share line for it: words 4 to 6
+        shared = (self._share_line + rank) * WORDS  # its for us, in its control lines
 
         def exchange(buf: Any, line: memoryview, into: Any | None = None) -> Any:
             self._one_shots = turn = self._one_shots + 1
@@ -1260,21 +1311,46 @@ class SlotTransport(Transport):
             unread, self._unread = self._unread, False
             if unread:  # none takes it: nothing to say where it lies, none to wait for
                 word = 0
+            elif offers and not word & REGISTERED:
+                word |= SHARED  # read where it lies, half of it written by us if asked
             elif not by_address and (not word & REGISTERED or into_at is not None
                                      and into_at < ours_at + nbytes
                                      and ours_at < into_at + into.nbytes):
                 # Through our area (where we place what we take over `buf` too): none waits.
                 ctypes.memmove(areas_at[parity][rank], ours_at, nbytes)
                 word = 0
+            if into is not None and into.nbytes == alone_length:
+                into_at -= alone_at  # (so that its one block lands at its start)
+            asks = asker is not None and into is not None
+            if asks:  # where the input we take lands, for its owner to write its half
+                own[share + 5] = into_at + asker[3][0]
+                own[share + 4] = turn
             own[address[parity]] = word
             own[PUBLISHED * WORDS] = turn  # last: the line and the address are now visible
-            for peer in peers:
-                if peer[PUBLISHED * WORDS] < turn:
-                    self._wait_published(peer, turn)
+            try:
+                return take(buf, line, into, turn, parity, mine, their_lines, ours_at, into_at,
+                            word, unread, asks)
+            except BaseException:
+                if asks and own[share + 4] == turn:  # withdrawn; the owner may still write
+                    own[share + 4] = 0
+                    _LENT.append(into)
+                raise
+
+        def take(buf: Any, line: memoryview, into: Any | None, turn: int, parity: int,
+                 mine: memoryview, their_lines: list[memoryview], ours_at: int,
+                 into_at: int | None, word: int, unread: bool, asks: bool) -> Any:
+            """The exchange once this rank has published: wait for the peers, then move."""
+            for ctl in peers:
+                if ctl[PUBLISHED * WORDS] < turn:
+                    self._wait_published(ctl, turn)
             for their_line in their_lines:
                 if their_line != mine:
                     self._answer_messages(line, their_lines)
                     self._compare_lines(line, their_lines)  # raises, nothing taken
+            if word & SHARED and self._ctl[peer][shared + 4] == turn:  # our reader asks
+                self._move(write_peer_bytes, peer, f"write its input into rank "
+                           f"{self.named(peer)}", self._ctl[peer][shared + 5], ours_at, part)
+                own[share + 6] = turn  # our half has landed
             inputs = None
             if into is None:
                 scratch, scratched = kept_scratch or made_scratch()
@@ -1294,8 +1370,16 @@ class SlotTransport(Transport):
                     continue
                 if theirs & REGISTERED:
                     ctypes.memmove(base + at[where], self._mapped(r, theirs) + lo, length)
+                elif theirs & SHARED and asks:  # all but the half its owner writes
+                    self._move(read_peer_bytes, r, what, theirs - SHARED + lo + part,
+                               base + at[where] + part, length - part)
+                    if self._ctl[r][shared + 6] < turn:
+                        self.wait(lambda: self._ctl[r][shared + 6] >= turn, r,
+                                  "its half of an input")
+                    own[share + 4] = 0  # (its half has landed: nothing more to withdraw)
                 else:
-                    self._move(read_peer_bytes, r, what, theirs + lo, base + at[where], length)
+                    self._move(read_peer_bytes, r, what, (theirs & ~SHARED) + lo,
+                               base + at[where], length)
                 if inputs is not None:
                     inputs[r] = scratched[r]
             own[READ * WORDS] = turn
