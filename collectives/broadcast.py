@@ -72,6 +72,8 @@ def one_shot_broadcast(transport: Transport, work: Any, root: int) -> None:
     transport.at("one-shot")
     if rank != root:
         transport.unread()  # (none takes ours)
+    else:
+        transport.copied_whole()  # (the others copy ours whole)
     transport.all_inputs(work, counted=False, reads=from_root(work.nbytes, root, rank,
                                                               transport.size),
                          into=None if rank == root else work)

@@ -69,18 +69,23 @@ def one_shot_gather(transport: Transport, mine: Any | None, work: Any | None,
     inputs_at_root(transport, own if mine is None else mine, root,
                    lambda src: work[slice(*bounds[src])],
                    to_root(own.nbytes if mine is None else mine.nbytes, root, transport.rank,
-                           transport.size), work)
+                           transport.size), work, copied=True)
 
 
 def inputs_at_root(transport: Transport, mine: Any, root: int, lands: Callable[[int], Any],
-                   reads: Reads, into: Any | None = None) -> list[Any] | None:
+                   reads: Reads, into: Any | None = None,
+                   copied: bool = False) -> list[Any] | None:
     """Every rank's flat `mine`, in rank order, at the root (None elsewhere, and where the
     root gives `into`: see `Transport.all_inputs`), from one exchange (which also carries
-    the call's check): `reads`, what each rank takes of each input. Counted as what the root
-    takes: one message from each rank, the size of `lands(src)`, where src's lands."""
+    the call's check): `reads`, what each rank takes of each input; `copied`, whether the
+    root copies each whole (`Transport.copied_whole`: a gather's, not a reduce's). Counted
+    as what the root takes: one message from each rank, the size of `lands(src)`, where
+    src's lands."""
     transport.at("one-shot")
     if transport.rank == root:
         transport.unread()  # (none takes the root's)
+    elif copied:
+        transport.copied_whole()  # (the root copies ours whole: a gather's)
     inputs = transport.all_inputs(mine, counted=False, reads=reads,
                                   into=into if transport.rank == root else None)
     if transport.rank != root:

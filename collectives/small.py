@@ -150,6 +150,7 @@ def small_broadcast(comm: Any, buf: numpy.ndarray, root: int) -> Any:
         transport.unread()  # (none takes ours: `from_root`)
         _exchange(comm, kind[2], buf, buf)  # (the root's lands in `buf`: `place`)
     else:
+        transport.copied_whole()  # (the others copy ours whole)
         _exchange(comm, kind[2], buf)
     return buf
 
@@ -169,6 +170,7 @@ def small_gather(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, root: i
                         and not _fits(recvbuf, shape, sendbuf.dtype)):
         return GENERAL
     if transport.rank != root:
+        transport.copied_whole()  # (the root copies ours whole)
         _exchange(comm, kind[2], sendbuf)
         return None
     result = numpy.empty(shape, sendbuf.dtype) if recvbuf is None else recvbuf

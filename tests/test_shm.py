@@ -428,13 +428,15 @@ def late_share_scenario() -> None:
 
 def shared_inputs_scenario() -> None:
     """On 2 ranks with a core each, one-shot inputs of SHARED_BYTES or more that one rank takes
-    of the other are shared (slots.py, "Shared inputs"): a broadcast's root and a gather's
-    other rank write half of their input into a reader that places it, which reads the rest;
-    a reader that does not place it (a reduce's root, the lane's gather in place) reads it
-    all; inputs that both ranks take (an all-reduce's) go through the areas, as do smaller
-    ones. By the lane and the general path, from either root, against NumPy, with the reads
-    and writes counted. Then a reader whose owner has not come gives up: it withdraws its ask,
-    so that the owner, come late, writes nothing, and it keeps the buffer it lent."""
+    of the other and copies whole are shared (slots.py, "Shared inputs") while `Sharing` says
+    so (here, always): a broadcast's root and a gather's other rank write half of their input
+    into a reader that places it, which reads the rest; a reader that does not place it (the
+    lane's gather in place) reads it all. Inputs that are reduced (a reduce's), that both
+    ranks take (an all-reduce's), or smaller ones go through the areas, and so do all when
+    `Sharing` says not to. By the lane and the general path, from either root, against
+    NumPy, with the reads and writes counted. Then a reader whose owner has not come gives
+    up: it withdraws its ask, so that the owner, come late, writes nothing, and it keeps the
+    buffer it lent."""
     from mpi4py import MPI
 
     from transports import slots
@@ -449,6 +451,7 @@ def shared_inputs_scenario() -> None:
     with collectives.init("shm", timeout=30) as comm:
         rank = comm.rank
         assert comm._transport.shares_inputs_from == slots.SHARED_BYTES, "needs a core per rank"
+        sharing = comm._transport.sharing
         for nbytes in (slots.SHARED_BYTES - 8, slots.SHARED_BYTES + 8, 1 << 20):
             shared, half = nbytes >= slots.SHARED_BYTES, nbytes // 2 // 64 * 64
             everyone = [numpy.arange(nbytes // 8) * 2.0 + r + 0.5 for r in range(2)]
@@ -459,6 +462,7 @@ def shared_inputs_scenario() -> None:
                     else [("write", half)]
                 whole = [] if not shared or owner else [("read", nbytes)]
                 for general in (False, True):
+                    sharing.shares = lambda: True
                     def run(name, *args, **kwargs):
                         moved.clear()
                         got = getattr(comm, name)(*args, root=root, async_op=general, **kwargs)
@@ -480,9 +484,19 @@ def shared_inputs_scenario() -> None:
                     if rank == root:
                         numpy.testing.assert_array_equal(result, numpy.stack(everyone))
                     got = run("reduce", mine)
-                    assert moved == whole, (why, moved)
+                    assert moved == [], (why, moved)
                     if rank == root:
                         numpy.testing.assert_array_equal(got, everyone[0] + everyone[1])
+                    sharing.shares = lambda: False
+                    buf = mine.copy()
+                    run("broadcast", buf)
+                    numpy.testing.assert_array_equal(buf, everyone[root])
+                    assert moved == [], (why, moved)
+                    result[...] = -1.0
+                    run("gather", mine, result)
+                    assert moved == [], (why, moved)
+                    if rank == root:
+                        numpy.testing.assert_array_equal(result, numpy.stack(everyone))
                 moved.clear()
                 got = comm.all_reduce(mine)
                 numpy.testing.assert_array_equal(got, everyone[0] + everyone[1])
@@ -490,6 +504,7 @@ def shared_inputs_scenario() -> None:
     slots.read_peer_bytes, slots.write_peer_bytes = read, write
     # The root comes only once its reader has given up (by MPI: no race to lose).
     comm = collectives.init("shm", timeout=1)
+    comm._transport.sharing.shares = lambda: True
     buf = numpy.zeros(slots.SHARED_BYTES // 8)
     said = ""
     try:
@@ -959,6 +974,33 @@ def test_a_middle_sized_message_takes_the_road_measured_cheaper():
     assert slots.sample()  # the next sampled call starts afresh
     slots.settle()
     assert slots.times["in"] == 1
+
+
+def test_an_input_is_shared_while_copies_into_the_area_cost_more_than_slow():
+    """`Sharing`: through the area for WARM calls, the cost starting at the least of them, then
+    shared while copies into the area cost more than SLOW a byte, through the area once every
+    EXPLORE_SECONDS (whose copy is timed), and through the area while they cost less. Time
+    stands still here: the last exploration is set by hand."""
+    from transports.slots import Sharing
+
+    sharing, slow = Sharing(), Sharing.SLOW * 1000  # (seconds for 1000 bytes)
+    for first in range(Sharing.WARM):
+        assert not sharing.shares()
+        sharing.took(8 * slow if first == 0 else 3 * slow, 1000)  # the first cold
+    assert sharing.cost == pytest.approx(3 * Sharing.SLOW)  # the least
+    sharing.explored = math.inf  # (no exploring)
+    assert [sharing.shares() for _ in range(5)] == [True] * 5
+    sharing.explored = -math.inf  # time to explore: once through the area, then shared again
+    assert [sharing.shares() for _ in range(3)] == [False, True, True]
+    sharing.took(100 * slow, 1000)  # a copy the scheduler interrupted: counted as 4x
+    assert sharing.cost == pytest.approx(7.5 * Sharing.SLOW)
+    for _ in range(10):  # copies turn cheap (the cores share their caches): the area
+        sharing.took(0.5 * slow, 1000)
+    sharing.explored = math.inf
+    assert sharing.cost < Sharing.SLOW and not any(sharing.shares() for _ in range(5))
+    for _ in range(10):  # and dear again: shared
+        sharing.took(2 * slow, 1000)
+    assert sharing.shares()
 
 
 @pytest.mark.parametrize("ranks", [2, 4])

@@ -217,6 +217,7 @@ class Transport(ABC):
         self.step = 0  # which step of that pass, for traces and error messages
         self._call: tuple[int, ...] | None = None  # the descriptor the next all_inputs carries
         self._unread = False  # whether no peer takes this rank's input to the next (`unread`)
+        self._copied_whole = False  # whether its peers copy it whole (`copied_whole`)
         self.closed = False
         self.abandoned: str | None = None  # why every wait is to stop at once (`abandon`)
         # Where this transport is a part of another (hierarchical.py), the world rank of each
@@ -256,6 +257,13 @@ class Transport(ABC):
         it unmoved. Said just before that exchange, on the ranks it is true of, and forgotten
         after it, whether the transport heeded it or not."""
         self._unread = True
+
+    def copied_whole(self) -> None:
+        """Each peer that takes this rank's input to its next `all_inputs` copies all of it
+        into a buffer of its own, reducing none (a broadcast's root's, a gather's other
+        ranks'): a transport may share that copy with it. Said just before that exchange, and
+        forgotten after it, as `unread` is."""
+        self._copied_whole = True
 
     def at(self, phase: str, step: int = 0) -> None:
         """The algorithm is at `step` of `phase` ("reduce-scatter", 2)."""
@@ -394,7 +402,8 @@ class Transport(ABC):
         try:
             return self._all_inputs_counted(buf, counted, reads, into)
         finally:
-            self._unread = False  # (for this exchange only, whether it heeded it or not)
+            # (For this exchange only, whether it heeded them or not.)
+            self._unread = self._copied_whole = False
 
     def _all_inputs_counted(self, buf: Any, counted: bool, reads: Reads | None,
                             into: Any | None) -> list[Any] | None:
@@ -503,7 +512,8 @@ class Transport(ABC):
                     return move(buf, line)
                 inputs = move(buf, line, into)
             finally:
-                self._unread = False  # (for this exchange only, whether it heeded it or not)
+                # (For this exchange only, whether it heeded them or not.)
+                self._unread = self._copied_whole = False
             return None if inputs is None else place(inputs, reads, into)
         return exchange
 
