@@ -79,9 +79,12 @@ line for the owner, with the turn and where the input lands; then publishes. Onc
 published and the lines agree, the owner writes the first half there (`process_vm_writev`)
 and says so in its share line, while the reader reads the rest; the owner returns once the
 reader has counted the turn read (the READ counter), as for any input read in place. A reader
-that does not ask (a reduce's root, which reduces what it takes) reads it all. Measured on 2
-ranks: a 1 MiB broadcast took 96 us where through the areas it took 206 (MPICH's 130), a
-1 MiB gather 145-155 against 356-376 (MPICH's 176-205).
+that does not ask reads it all. Only an input that its reader copies whole is offered
+(`copied_whole`: a broadcast's root's, a gather's other rank's, not a reduce's), and only while
+`Sharing` says copies into the area cost too much now. Measured on 2 ranks in a slow spell
+(README, "One-way copies shared by both ends"): a 1 MiB broadcast took 84-104 us where through
+the areas it took 196-208 (MPICH's 125-143), a 1 MiB gather 81-83 against 103-120 (MPICH's
+84-96).
 
 Forwarded results. A ring all-reduce's last reduce-scatter step and its first all-gather
 step (`reduce_forward`) are fused where direct reads are, every rank has a core, and every
@@ -251,10 +254,9 @@ REFERENCE_BYTES = 256 << 10
 # Messages sent one way, and one-shot inputs taken one way on two ranks, of this size or more
 # are shared where every rank has a core: their sender writes half into the receiver's buffer
 # while the receiver reads the rest (see "Shared copies", "Shared inputs"). Measured on 2
-# ranks in a spell when copies across cores cost most (one through the slots or the areas
-# costs 2x-4x a local copy): a 512 KiB send took 113-115 us where through the slots it took
-# 155-213, 1 MiB 148-150 against 280-413, 2 MiB 210-212 against 534-560 (MPICH's 71, 133,
-# 251); a broadcast of 1 MiB through the areas 206 us, shared 96 (MPICH's 130).
+# ranks in a slow spell (README, "One-way copies shared by both ends"), a 2 MiB broadcast's
+# message took 212-228 us shared, 498-530 through the slots (MPICH's 236-308), a 2 MiB
+# gather's 130-144 against 206-216 (MPICH's 163-200).
 SHARED_BYTES = 512 << 10
 # An address word marked so (an ordinary address: below 2**47) says that its owner takes
 # nothing in the exchange, and writes the first half of its input into its reader's buffer
@@ -432,14 +434,16 @@ class Sharing:
 
     Neither way always wins on one machine. Through the area, the owner copies the input in and
     its reader copies it out; those copies run out of the caches and win while the two cores
-    share theirs (measured on 2 ranks: a 1 MiB broadcast took 60-66 us through the areas, 92-100
-    shared). Where they do not, a copy into memory that a peer last read costs several times a
-    local copy, and sharing wins (the same broadcast took 210 us through the areas, 92-100
-    shared). So the owner times its copies into its area, and shares while they cost more than
-    SLOW a byte. Once every EXPLORE_SECONDS it copies into its area all the same, so that the
-    cost stays known. It starts through the area, for WARM calls, from the least it saw there
-    (the first copies run cold), then keeps a running mean of what the copies cost, each time
-    counted for at most OUTLIER times the mean.
+    share theirs: measured on 2 ranks, alternating with a commit that always took the areas
+    (README, "One-way copies shared by both ends"), a 1 MiB broadcast took 60-66 us through
+    them in a fast spell, where always shared it took 92-100. In a slow spell, a copy into
+    memory that a peer last read costs several times a local copy (the owner's copy in took
+    170-220 ps a byte, against about 50 in a fast spell), and sharing wins: 196-211 us
+    through the areas, 84-104 shared. So the owner times its copies into its area, and shares
+    while they cost more than SLOW a byte. Once every EXPLORE_SECONDS it copies into its area
+    all the same, so that the cost stays known. It starts through the area, for WARM calls,
+    from the least it saw there (the first copies run cold), then keeps a running mean of what
+    the copies cost, each time counted for at most OUTLIER times the mean.
     """
 
     SLOW = 120e-12  # seconds a byte: a copy of 1 MiB into the area in 126 us or more
