@@ -501,6 +501,22 @@ def shared_inputs_scenario() -> None:
                 got = comm.all_reduce(mine)
                 numpy.testing.assert_array_equal(got, everyone[0] + everyone[1])
                 assert moved == [], moved
+        # A mismatch (the dtypes differ): rank 1 asked, and withdraws its ask without lending
+        # its buffer, since rank 0 raises too, having written nothing; the next call is right.
+        sharing.shares = lambda: True
+        buf = numpy.zeros(slots.SHARED_BYTES // 8, dtype=numpy.float64 if rank else numpy.int64)
+        try:
+            comm.broadcast(buf, root=0)
+        except collectives.MismatchError:
+            pass
+        else:
+            raise AssertionError("a broadcast of two dtypes went through")
+        share = (comm._transport._share_line + 1 - rank) * slots.WORDS
+        assert comm._transport._own[share + 4] == 0 and not buf.any()
+        assert not any(lent is buf for lent in slots._LENT), slots._LENT
+        buf = numpy.full(slots.SHARED_BYTES // 8, float(rank))
+        comm.broadcast(buf, root=0)
+        assert not buf.any() and comm._transport._own[share + 4] == 0
     slots.read_peer_bytes, slots.write_peer_bytes = read, write
     # The root comes only once its reader has given up (by MPI: no race to lose).
     comm = collectives.init("shm", timeout=1)
@@ -974,6 +990,23 @@ def test_a_middle_sized_message_takes_the_road_measured_cheaper():
     assert slots.sample()  # the next sampled call starts afresh
     slots.settle()
     assert slots.times["in"] == 1
+
+
+def test_place_lands_rank_rs_bytes_in_block_r_or_one_read_in_a_block_of_its_own():
+    """`place`: the bytes each read names, rank r's in block r of `into`; where one read only
+    is not empty (a broadcast's) and `into` holds that one block, there; where `into` holds
+    one block but several reads are not empty, no silent overwrite: NumPy refuses."""
+    from transports.base import place
+
+    inputs = [numpy.arange(8, dtype=numpy.uint8) + 10 * r for r in range(3)]
+    into = numpy.zeros(12, numpy.uint8)
+    place(inputs, ((0, 4), (4, 8), (2, 6)), into)
+    assert into.tolist() == [0, 1, 2, 3, 14, 15, 16, 17, 22, 23, 24, 25]
+    one = numpy.zeros(8, numpy.uint8)
+    place(inputs, ((0, 0), (0, 8), (0, 0)), one)
+    assert one.tolist() == list(range(10, 18))
+    with pytest.raises(ValueError):
+        place(inputs, None, numpy.zeros(8, numpy.uint8))
 
 
 def test_an_input_is_shared_while_copies_into_the_area_cost_more_than_slow():

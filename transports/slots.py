@@ -1390,10 +1390,11 @@ class SlotTransport(Transport):
             try:
                 return take(buf, line, into, turn, parity, mine, their_lines, ours_at, into_at,
                             word, unread, asks)
-            except BaseException:
-                if asks and own[share + 4] == turn:  # withdrawn; the owner may still write
+            except BaseException as error:
+                if asks and own[share + 4] == turn:  # withdrawn
                     own[share + 4] = 0
-                    _LENT.append(into)
+                    if not isinstance(error, MismatchError):  # (else the owner writes nothing)
+                        _LENT.append(into)  # a live owner may still write into it
                 raise
 
         def take(buf: Any, line: memoryview, into: Any | None, turn: int, parity: int,
@@ -1436,12 +1437,13 @@ class SlotTransport(Transport):
                     if self._ctl[r][shared + 6] < turn:
                         self.wait(lambda: self._ctl[r][shared + 6] >= turn, r,
                                   "its half of an input")
-                    own[share + 4] = 0  # (its half has landed: nothing more to withdraw)
                 else:
                     self._move(read_peer_bytes, r, what, (theirs & ~SHARED) + lo,
                                base + at[where], length)
                 if inputs is not None:
                     inputs[r] = scratched[r]
+            if asks:
+                own[share + 4] = 0  # (the owner has written its half, or will write none)
             own[READ * WORDS] = turn
             if word and not self._everyone(READ, turn):
                 self.wait(lambda: self._everyone(READ, turn), None, "its input to be read",
