@@ -679,20 +679,30 @@ def direct_scenario() -> None:
                                                    write(pid, address, data))
         right, left = (rank + 1) % size, (rank - 1) % size
 
-        def one_way(mine: numpy.ndarray) -> None:  # shared where every rank has a core
+        def one_way(mine: numpy.ndarray, says: bool = True) -> None:
+            """Shared where every rank has a core, from DIRECT_BYTES, or from SHARED_BYTES
+            where `Sharing` `says` so; else through the slots, the copies into them timed."""
             moved.clear()
+            transport.sharing.shares = lambda: says
+            timed = transport.sharing.times
             if rank == 0:
                 comm.send(mine, 1)
             elif rank == 1:
                 numpy.testing.assert_array_equal(comm.recv(numpy.empty_like(mine), 0), mine - 1)
+            del transport.sharing.shares
             nbytes = mine.nbytes
-            shared = transport.shares_from is not None and nbytes >= transport.shares_from
+            shared = transport.shares_from is not None and nbytes >= transport.shares_from \
+                and (says or nbytes >= DIRECT_BYTES)
             half = nbytes // 2 // 64 * 64
             assert moved == ([] if rank > 1 or not shared else
                              [("write", half)] if rank == 0 else [("read", nbytes - half)]), moved
+            gauged = rank == 0 and not says and transport.shares_from is not None \
+                and SHARED_BYTES <= nbytes < DIRECT_BYTES
+            assert transport.sharing.times == timed + gauged, (timed, transport.sharing.times)
 
         for nbytes in (SHARED_BYTES - 64, SHARED_BYTES):
-            one_way(numpy.arange(nbytes // 8, dtype=float) * size + rank)
+            for says in (True, False):
+                one_way(numpy.arange(nbytes // 8, dtype=float) * size + rank, says)
         for nbytes in (DIRECT_BYTES - 64, DIRECT_BYTES):
             mine = numpy.arange(nbytes // 8, dtype=float) * size + rank
             moved.clear()

@@ -66,9 +66,11 @@ sender announces its address as for a direct read; the receiver says in its shar
 where the message lands, and reads all but the first half; the sender writes that half
 straight into the receiver's buffer (`process_vm_writev`), and says so. Two cores each copy
 half, where one read would copy it all: measured on 2 ranks, an 8 or 16 MiB broadcast takes
-about a fifth less time (README, "Shared memory"), and from 512 KiB to 2 MiB, where the
-slots had moved it, a half to a third less (SHARED_BYTES). A receiver that reduces the
-message asks for no part, and reads it all.
+about a fifth less time (README, "Shared memory"), and in a slow spell a 2 MiB broadcast's or
+gather's message, where the slots had moved it, 0.43x or 0.65x the time (SHARED_BYTES). Below
+DIRECT_BYTES a message is shared only while `Sharing` says so (in a fast spell the slots'
+copies, in the caches, may win), and else goes through the slots, its copies into them timed
+for `Sharing`. A receiver that reduces the message asks for no part, and reads it all.
 
 Shared inputs. The one-shot exchange shares a copy the same way, on two ranks with a core
 each, for inputs of SHARED_BYTES or more of a call that names what each rank takes (`reads`):
@@ -638,7 +640,8 @@ class SlotTransport(Transport):
         by a direct read (with `op`: recvbuf = op(inbuf, what arrives)). A middle-sized copy
         goes by the road measured cheaper, and its copies are timed now and then (`Roads`).
         A large message sent one way only goes shared, where `shared` and every rank has a
-        core (see "Shared copies")."""
+        core (see "Shared copies"); below DIRECT_BYTES, while `Sharing` says so, else
+        through the slots, its copies into them timed for `Sharing`."""
         slot = self.slot_bytes
         if op is None and not self._registered \
                 and (sendbuf is None or sendbuf.nbytes <= self._one_segment_bytes) \
@@ -650,6 +653,8 @@ class SlotTransport(Transport):
         region = self._region_of(out) if out is not None and self._registered else None
         shared = (shared and region is None and into is None and out is not None
                   and self.shares_from is not None and out.size >= self.shares_from)
+        gauged = shared and out.size < DIRECT_BYTES and not self.sharing.shares()
+        shared = shared and not gauged
         roads = self.roads if op is None and out is not None and into is not None else None
         middle = roads is not None and region is None and self._middle(out.size)
         direct = out is not None and (region is not None or shared or self.single_copy
@@ -663,6 +668,16 @@ class SlotTransport(Transport):
                 publish = roads.timed("in", publish)
             if timed:
                 take = roads.timed("out", take)
+        spent = 0.0  # seconds in copies into the slots, where `gauged`
+        if gauged:
+            untimed = publish
+
+            def timed_publish(piece: Any, dst: int, nbytes: int) -> None:
+                nonlocal spent
+                started = time.perf_counter()
+                untimed(piece, dst, nbytes)
+                spent += time.perf_counter() - started
+            publish = timed_publish
         n_out = 0 if out is None else 1 if direct else -(-out.size // slot)
         n_in = 0 if into is None else -(-into.size // slot)
         k_out = k_in = 0
@@ -727,6 +742,8 @@ class SlotTransport(Transport):
                     self.wait(lambda: self._has_taken(*read_by), dst, "its message to be read")
                 if sampled:
                     roads.settle()
+                if gauged:
+                    self.sharing.took(spent, out.size)
                 return
             self.wait(lambda: (k_out < n_out and self._slot_free())
                       or (k_in < n_in and self._find(src) is not None),
