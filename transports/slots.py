@@ -432,7 +432,8 @@ class Roads:
 
 class Sharing:
     """Whether an owner that may share its one-shot input shares it now, or copies it into its
-    area as a smaller one goes (see "Shared inputs").
+    area as a smaller one goes (see "Shared inputs"); and whether a one-way message below
+    DIRECT_BYTES is shared, or goes through the slots (see "Shared copies").
 
     Neither way always wins on one machine. Through the area, the owner copies the input in and
     its reader copies it out; those copies run out of the caches and win while the two cores
@@ -442,10 +443,11 @@ class Sharing:
     memory that a peer last read costs several times a local copy (the owner's copy in took
     170-220 ps a byte, against about 50 in a fast spell), and sharing wins: 196-211 us
     through the areas, 84-104 shared. So the owner times its copies into its area, and shares
-    while they cost more than SLOW a byte. Once every EXPLORE_SECONDS it copies into its area
-    all the same, so that the cost stays known. It starts through the area, for WARM calls,
-    from the least it saw there (the first copies run cold), then keeps a running mean of what
-    the copies cost, each time counted for at most OUTLIER times the mean.
+    while they cost more than SLOW a byte (and a sender, its copies into its slots). Once every
+    EXPLORE_SECONDS it copies into its area all the same, so that the cost stays known. It
+    starts through the area, for WARM calls, from the least it saw there (the first copies run
+    cold), then keeps a running mean of what the copies cost, each time counted for at most
+    OUTLIER times the mean.
     """
 
     SLOW = 120e-12  # seconds a byte: a copy of 1 MiB into the area in 126 us or more
@@ -460,8 +462,9 @@ class Sharing:
         self.explored = time.monotonic()  # when an input last went through the area
 
     def shares(self) -> bool:
-        """Whether the next input that may be shared is: not while warming up, nor once every
-        EXPLORE_SECONDS; else while copies into the area cost more than SLOW a byte."""
+        """Whether the next input or message that may be shared is: not while warming up, nor
+        once every EXPLORE_SECONDS; else while copies into the area cost more than SLOW a
+        byte."""
         if self.times < self.WARM or self.cost is None or self.cost <= self.SLOW:
             return False
         now = time.monotonic()
@@ -471,7 +474,8 @@ class Sharing:
         return False
 
     def took(self, seconds: float, nbytes: int) -> None:
-        """Fold a copy of `nbytes` into the area, which took `seconds`, into the cost."""
+        """Fold a copy of `nbytes` into this rank's memory for a peer to read (its area, or its
+        slots), which took `seconds`, into the cost."""
         per_byte, old = seconds / nbytes, self.cost
         self.times += 1
         if old is None or self.times <= self.WARM:
@@ -587,7 +591,7 @@ class SlotTransport(Transport):
         # by their owner and their reader (see "Shared inputs"); None: none are.
         self.shares_inputs_from = SHARED_BYTES \
             if self.shares_from is not None and size == 2 else None
-        self.sharing = Sharing()  # whether such an input is shared now
+        self.sharing = Sharing()  # whether such an input, or a one-way message, is shared now
         self._registered: list[list[Any]] = []  # per registered region: every rank's mapping
         self._registered_at: list[tuple[int, int]] = []  # per region: our mapping's [lo, hi)
         self._mapped_at: list[list[int]] = []  # per region: where we map each rank's
