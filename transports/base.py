@@ -97,11 +97,13 @@ def place(inputs: list[Any], reads: Reads | None, into: Any) -> None:
     is), or, where one read only is not empty (a broadcast's), that one block. An exchange
     given `into` does this (`Transport.prepare_all_inputs`)."""
     flat = into.reshape(-1).view(numpy.uint8)
-    one = reads is not None and sum(lo < hi for lo, hi in reads) == 1  # (a broadcast's)
     for r, theirs in enumerate(inputs):
         lo, hi = (0, theirs.nbytes) if reads is None else reads[r]
         if lo < hi:
-            at = 0 if one and flat.size == hi - lo else r * (hi - lo)
+            at = r * (hi - lo)
+            if flat.size == hi - lo and reads is not None \
+                    and sum(a < b for a, b in reads) == 1:  # (a broadcast's)
+                at = 0
             flat[at:at + hi - lo] = theirs.reshape(-1).view(numpy.uint8)[lo:hi]
 
 

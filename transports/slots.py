@@ -1385,20 +1385,19 @@ class SlotTransport(Transport):
             word = self._address_word(buf) if registered else ours_at
             unread, self._unread = self._unread, False
             whole, self._copied_whole = self._copied_whole, False
+            gauged = offers and whole and not word & REGISTERED  # (`Sharing` chooses)
             if unread:  # none takes it: nothing to say where it lies, none to wait for
                 word = 0
-            elif offers and whole and not word & REGISTERED and sharing.shares():
+            elif gauged and sharing.shares():
                 word |= SHARED  # read where it lies, half of it written by us if asked
-            elif offers and whole and not word & REGISTERED:  # through our area, timed
+            elif gauged or not by_address and (not word & REGISTERED or into_at is not None
+                                               and into_at < ours_at + nbytes
+                                               and ours_at < into_at + into.nbytes):
+                # Through our area (where we place what we take over `buf` too): none waits.
                 started = time.perf_counter()
                 ctypes.memmove(areas_at[parity][rank], ours_at, nbytes)
-                sharing.took(time.perf_counter() - started, nbytes)
-                word = 0
-            elif not by_address and (not word & REGISTERED or into_at is not None
-                                     and into_at < ours_at + nbytes
-                                     and ours_at < into_at + into.nbytes):
-                # Through our area (where we place what we take over `buf` too): none waits.
-                ctypes.memmove(areas_at[parity][rank], ours_at, nbytes)
+                if gauged:  # (the copy timed for `Sharing`)
+                    sharing.took(time.perf_counter() - started, nbytes)
                 word = 0
             if into is not None and into.nbytes == alone_length:
                 into_at -= alone_at  # (so that its one block lands at its start)
