@@ -351,12 +351,16 @@ def small_message(comm: Any, sendbuf: numpy.ndarray | None, dst: int | None,
     NumPy arrays of numbers, peers that are other ranks), then what the general path does
     with them (`Communicator._message`: numbered, checked by the pair, moved). Returns
     `recvbuf` (a new array for a sendrecv without one)."""
+    if recvbuf is None and sendbuf is not None and src is not None:
+        recvbuf = numpy.empty(sendbuf.shape, sendbuf.dtype)
+    if dst == src and sendbuf is not None:
+        moved = _pair_step(comm, sendbuf, dst, recvbuf)
+        if moved is not GENERAL:
+            return moved
     size, rank = comm._transport.size, comm._transport.rank
     for peer in (dst, src):
         if peer is not None and (type(peer) is not int or not 0 <= peer < size or peer == rank):
             return GENERAL  # (a rank that names itself copies: the general path)
-    if recvbuf is None and sendbuf is not None and src is not None:
-        recvbuf = numpy.empty(sendbuf.shape, sendbuf.dtype)
     for buf in (sendbuf, recvbuf):
         if buf is not None and (type(buf) is not numpy.ndarray or buf.dtype.kind not in NUMERIC
                                 or not buf.flags.c_contiguous):
@@ -375,6 +379,61 @@ def small_message(comm: Any, sendbuf: numpy.ndarray | None, dst: int | None,
             comm._message(mine, dst, into, src)
     _messages(comm, move)
     return recvbuf
+
+
+def _pair_step(comm: Any, sendbuf: numpy.ndarray, peer: Any, recvbuf: Any) -> Any:
+    """A sendrecv with one `peer` by the step that the transport readied for its kind of
+    message (`prepare_pair_message`, kept as the collectives' exchanges are), numbered, named
+    and checked as `_pair_message` does, the plain arguments seen in one go; `recvbuf`, or
+    GENERAL where there is no such step, or the call is not plain."""
+    transport = comm._transport
+    if (type(recvbuf) is not numpy.ndarray or type(peer) is not int
+            or not (sendbuf.flags.c_contiguous and recvbuf.flags.c_contiguous
+                    and recvbuf.flags.writeable)
+            or transport.trace is not None or transport.on_transfer is not None
+            or comm._broken is not None or transport.closed
+            or comm._progress.outstanding and not comm._progress.on_thread()
+            or overlap(recvbuf, sendbuf, numpy)):
+        return GENERAL
+    key = ("sendrecv", peer, sendbuf.dtype, sendbuf.shape, recvbuf.dtype, recvbuf.shape)
+    step = comm._small_calls.get(key, GENERAL)
+    if step is GENERAL:
+        step = _learn_pair(comm, key, sendbuf, peer, recvbuf)
+    if step is None:
+        return GENERAL
+    counted = comm._messages
+    n_sent, n_expected = counted.sent[peer] + 1, counted.received[peer] + 1
+    transport.begin(MessageName(peer, n_sent, peer, n_expected), phase="sendrecv")
+    try:
+        moved = step(_flat(sendbuf), _flat(recvbuf), n_sent, n_expected)
+    except BaseException as error:  # (as `_messages`: the step raises no MessagesDiffer)
+        if not isinstance(error, (ValueError, TypeError)):
+            comm._break(error)
+        raise
+    if moved is False:
+        return GENERAL
+    if moved is not True:  # the peer's words, which differ: raises
+        said = pair_said(n_sent, n_expected, pair_kind(sendbuf, recvbuf))[0]
+        _messages(comm, lambda: judge_pair(transport, {peer: said}, {peer: moved}))
+    counted.sent[peer], counted.received[peer] = n_sent, n_expected  # (`Messages.count`)
+    return recvbuf
+
+
+def _learn_pair(comm: Any, key: tuple, sendbuf: numpy.ndarray, peer: int,
+                recvbuf: numpy.ndarray) -> Any:
+    """The step the transport readies for a kind of checked sendrecv (`key`) with another
+    rank, or None: unchecked, to itself or no rank, of no numbers, or none readied."""
+    transport = comm._transport
+    step = None
+    if comm._checking and transport.prepare_pair_message is not None \
+            and 0 <= peer < transport.size and peer != transport.rank \
+            and sendbuf.dtype.kind in NUMERIC and recvbuf.dtype.kind in NUMERIC:
+        step = transport.prepare_pair_message(peer, sendbuf.nbytes, recvbuf.nbytes,
+                                              pair_kind(sendbuf, recvbuf))
+    if len(comm._small_calls) >= KINDS_KEPT:
+        comm._small_calls.clear()
+    comm._small_calls[key] = step
+    return step
 
 
 def _pair_message(comm: Any, mine: numpy.ndarray, peer: int, into: numpy.ndarray) -> bool:

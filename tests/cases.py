@@ -21,7 +21,7 @@ import numpy
 from collectives import small
 from collectives.small import PLACED_BYTES
 from transports.errors import MismatchError
-from transports.slots import IN_PLACE, INLINE
+from transports.slots import IN_PLACE, INLINE, PAIR_AREA_BYTES
 
 DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
           "float16", "float32", "float64", "complex64", "complex128")
@@ -298,27 +298,27 @@ def mixed_paths_case(comm: Any) -> dict:
 
 
 def pair_areas_case(comm: Any) -> dict:
-    """Sendrecvs between ranks 0 and 1 of 8 B, 4 KiB and 4 KiB + 8 B each way, counting the
-    ones that went through the pair areas (shm: None on a transport without them); returns
-    what each rank received, the count and the transport's name."""
+    """Sendrecvs between ranks 0 and 1 of 8 B, PAIR_AREA_BYTES and PAIR_AREA_BYTES + 8 B each
+    way, noting the sizes of those that went through the pair areas (shm: None on a
+    transport without them); returns what each rank received, the sizes and the transport's
+    name."""
     rank, got = comm.rank, []
     if rank > 1:
         return {"got": got, "through_areas": None, "transport": comm.transport}
     transport, taken = comm._transport, []
-    through = getattr(transport, "_through_pair_lines", None)
-    if through is not None and transport._pair_out is not None:
-        def counted(*args: Any) -> Any:
-            if args[-1] == INLINE:
-                taken.append(args[0].nbytes)
-            return through(*args)
-        transport._through_pair_lines = counted
-    try:
-        for count in (1, 512, 513):
-            got.append(comm.sendrecv(values(rank, count, "float64"), 1 - rank).tolist())
-    finally:
-        transport.__dict__.pop("_through_pair_lines", None)
-    return {"got": got, "through_areas": taken if through is not None else None,
-            "transport": comm.transport}
+    areas = getattr(transport, "_pair_out", None) is not None
+    for count in (1, PAIR_AREA_BYTES // 8, PAIR_AREA_BYTES // 8 + 1):
+        got.append(comm.sendrecv(values(rank, count, "float64"), 1 - rank).tolist())
+        if areas and _last_mark(transport, 1 - rank) & INLINE:
+            taken.append(8 * count)
+    return {"got": got, "through_areas": taken if areas else None, "transport": comm.transport}
+
+
+def _last_mark(transport: Any, peer: int) -> int:
+    """The marks (slots.py's INLINE, IN_PLACE) of the last words this rank wrote in its pair
+    lines to `peer`: where its last message with `peer` lay for the peer to take."""
+    line = transport._pair_words(peer, transport._pairs[peer])
+    return transport._own[line + 1] & (INLINE | IN_PLACE)
 
 
 def pair_in_place_case(comm: Any) -> dict:
@@ -333,18 +333,17 @@ def pair_in_place_case(comm: Any) -> dict:
     if rank > 1:
         return {"got": got, "in_place": None}
     can_read = getattr(transport, "single_copy", False)
-    reads_from, through, taken = getattr(transport, "pairs_read_from", None), None, []
+    reads_from, marks = getattr(transport, "pairs_read_from", None), []
+
+    def mark() -> None:
+        if can_read:
+            marks.append(_last_mark(transport, 1 - rank))
     if can_read:
         transport.pairs_read_from = 1
-        through = transport._through_pair_lines
-
-        def counted(*args: Any) -> Any:
-            taken.append(args[-1])
-            return through(*args)
-        transport._through_pair_lines = counted
     try:
         for count in (1, 512, 1 << 15):
             got.append(comm.sendrecv(values(rank, count, "float64"), 1 - rank).tolist())
+            mark()
         for count in (100, (1 << 16) + 3):  # (in one segment, and in several)
             mine, into = values(rank, count, "float64"), numpy.zeros(count)
             if rank == 1:
@@ -352,17 +351,19 @@ def pair_in_place_case(comm: Any) -> dict:
             else:
                 comm.sendrecv(mine, 1, into)
             got.append(into.tolist())
+            mark()
         try:
             comm.sendrecv(values(rank, 7 + (rank == 0), "float64"), 1 - rank, numpy.zeros(7))
             got.append("no error")
         except MismatchError as error:
             got.append(type(error).__name__)
+        mark()
         got.append(comm.sendrecv(values(rank, 9, "float64"), 1 - rank).tolist())
+        mark()
     finally:
         if can_read:
             transport.pairs_read_from = reads_from
-            del transport._through_pair_lines
-    return {"got": got, "in_place": taken.count(IN_PLACE) if can_read else None}
+    return {"got": got, "in_place": marks.count(IN_PLACE) if can_read else None}
 
 
 def ring_mismatch_case(comm: Any, count: int) -> dict:

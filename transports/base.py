@@ -13,7 +13,8 @@ a shorter way, the defaults written here in the plain way: `_sendrecv_reduce` (r
 bounded scratch, then reduce), `_all_inputs` (the call's descriptor, then copies with every
 peer, in `_exchange`), `_isend` and `sends_ahead`, `message`, `reduce_forward`, and the
 hooks `_send_reduced`, `check_first` and `checked`, `register`, `pair_inputs`,
-`pair_message`, `check_thread` (all in docs/architecture.md, "Adding a transport").
+`pair_message`, `prepare_pair_message`, `check_thread` (all in docs/architecture.md, "Adding a
+transport").
 """
 
 from __future__ import annotations
@@ -183,6 +184,9 @@ class Transport(ABC):
     # A sendrecv with one peer, with its pair check, in one method where the transport has a
     # shortest way for it (slots.py's `pair_message`), else None.
     pair_message: Callable[..., bool | tuple[int, ...]] | None = None
+    # That way made ready for a run of messages alike (slots.py's `prepare_pair_message`),
+    # where the transport has one, else None.
+    prepare_pair_message: Callable[..., Callable[..., Any] | None] | None = None
     # The hierarchical transport's parts: the ranks of this node, and one rank per node.
     node: Transport | None = None
     across: Transport | None = None

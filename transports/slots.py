@@ -235,13 +235,13 @@ BARRIER, PUBLISHED, READ, CONSUMED = 0, 1, 2, 3
 DIRECT_INPUT_BYTES = 512 << 10
 CROWDED_INPUT_BYTES = 256 << 10
 KEPT_EXCHANGES = 64  # one-shot exchanges kept, one per (shape, dtype) seen (and reads)
-PAIR_AREA_BYTES = PAGE  # a pair's message up to this size each way goes through pair areas
+PAIR_AREA_BYTES = 16 << 10  # a pair's message up to this size each way goes through pair areas
 INLINE = 1 << 61  # marks a pair line's first word: the message lies in the sender's pair area
 IN_PLACE = 1 << 60  # marks it: the message lies at the address in the line's last word
 MARKS = INLINE | IN_PLACE
 # A pair's messages from this size each way are read in place (see "Pair messages read in
 # place"), where direct reads work and every rank has a core.
-PAIR_IN_PLACE_BYTES = 512 << 10
+PAIR_IN_PLACE_BYTES = PAIR_AREA_BYTES + 1
 # An address word (a one-shot input's, or a pair message's, read in place) marked so says that
 # the data lies in registered memory: region << OFFSET_BITS | offset, which a peer copies out
 # of its own mapping of the owner's region (see "Registered memory").
@@ -922,6 +922,12 @@ class SlotTransport(Transport):
         heard = self._hear(peer, said, turn)
         if heard != expected:
             return heard  # (nothing to withdraw: the peer reads our data only on agreement)
+        return self._take_pair(mine, peer, into, turn, how)
+
+    def _take_pair(self, mine: Any, peer: int, into: Any, turn: int, how: int) -> bool:
+        """The rest of `_through_pair_lines` once the pair's words of `turn` agree: the peer's
+        data from where its mark says (or both messages the general way), then, for our data
+        left IN_PLACE, the wait until the peer has read it. True."""
         line = self._pair_words(self.rank, turn)
         theirs = self._ctl[peer][line + 1]
         if theirs & INLINE:
@@ -943,6 +949,79 @@ class SlotTransport(Transport):
                 self.wait(lambda: their_lines[read] >= turn, peer, "its message to be read")
         self._count("copy", mine, peer, into, peer)  # untraced: it only counts
         return True
+
+    def prepare_pair_message(self, peer: int, sent_bytes: int, expected_bytes: int,
+                             kind: tuple[int, int, int]) -> Callable[..., Any] | None:
+        """`pair_message` made ready for a run of checked sendrecvs with one `peer`, of flat
+        arrays of `sent_bytes` and `expected_bytes` whose description is `kind`
+        (`check.pair_kind`), as `prepare_all_inputs` readies an exchange: the lines, areas,
+        words and marks that stay from call to call are found once, so that a call writes
+        its two numbers and moves its data. At 8 B the unprepared way took 23 us, most of it
+        Python, where an all-reduce's prepared exchange takes 6 (README, "Small calls").
+
+        Returns `step(mine, into, n_sent, n_expected)`, which answers as `pair_message`:
+        True once moved and counted; the peer's words where they differ from this rank's,
+        mirrored; False, having done nothing, while any memory is registered (whose messages
+        `pair_message` reads where they lie) or once `pairs_read_from` has changed. None
+        where the messages go neither through the pair areas nor in place (through the
+        slots: `pair_message`, `message`)."""
+        reads_from = self.pairs_read_from
+        if reads_from is not None and sent_bytes >= reads_from and expected_bytes >= reads_from:
+            how = IN_PLACE
+        elif self._pair_out is not None and 0 < sent_bytes <= PAIR_AREA_BYTES \
+                and 0 < expected_bytes <= PAIR_AREA_BYTES:
+            how = INLINE
+        else:
+            return None
+        c_sent, c_expected, dtypes = kind
+        marked = MESSAGES | how
+        mirrored = (dtypes & 0xFFFFFFFF) << 32 | dtypes >> 32  # the peer's dtypes word
+        ours, theirs = self._own, self._ctl[peer]
+        our_bytes, their_bytes = self._ctl_bytes[self.rank], self._ctl_bytes[peer]
+        pairs = self._pairs
+        says = [self._pair_words(peer, parity) for parity in range(2)]  # our line to the peer
+        hears = [self._pair_words(self.rank, parity) for parity in range(2)]  # its line to us
+        outs = self._pair_out[peer] if how == INLINE else None
+        ins = self._pair_in[peer]
+        read_at = (self._share_line + peer) * WORDS + 3  # ours: we have read the peer's turn
+        read_by = (self._share_line + self.rank) * WORDS + 3  # the peer's: it has read ours
+        what = f"read rank {self.named(peer)}'s message"
+
+        def step(mine: Any, into: Any, n_sent: int, n_expected: int) -> bool | tuple[int, ...]:
+            if self._registered or self.pairs_read_from != reads_from:
+                return False
+            turn = pairs[peer] + 1
+            parity = turn & 1
+            line = says[parity]
+            if outs is not None:
+                outs[parity][:sent_bytes] = mine.data.cast("B")
+            else:
+                ours[line + WORDS - 1] = address_of(mine)
+            pairs[peer] = turn  # (`_say`)
+            PAIR_WORDS.pack_into(our_bytes, (line + 1) * 8, marked, n_sent, n_expected, c_sent,
+                                 c_expected, dtypes)
+            ours[line] = turn  # last: the words are now visible
+            line = hears[parity]
+            if theirs[line] != turn:
+                self._hear(peer, (MESSAGES, n_sent, n_expected, c_sent, c_expected, dtypes),
+                           turn)
+            heard = PAIR_WORDS.unpack_from(their_bytes, (line + 1) * 8)
+            if heard != (marked, n_expected, n_sent, c_expected, c_sent, mirrored):
+                unmarked = (heard[0] & ~MARKS, *heard[1:])
+                if unmarked != (MESSAGES, n_expected, n_sent, c_expected, c_sent, mirrored):
+                    return unmarked  # (nothing to withdraw, as `_through_pair_lines`)
+                return self._take_pair(mine, peer, into, turn, how)  # its data lies elsewhere
+            if outs is not None:
+                into.data.cast("B")[:] = ins[parity][:expected_bytes]
+            else:
+                self._move(self.memory.read, peer, what, theirs[line + WORDS - 1],
+                           into.view(numpy.uint8))
+                ours[read_at] = turn  # we have read it
+                if theirs[read_by] < turn:
+                    self.wait(lambda: theirs[read_by] >= turn, peer, "its message to be read")
+            self._count("copy", mine, peer, into, peer)  # untraced: it only counts
+            return True
+        return step
 
     def _one_segment(self, sendbuf: Any | None, dst: int | None, recvbuf: Any | None,
                      src: int | None) -> None:
