@@ -18,7 +18,8 @@ starting with its right neighbour: scatter.py, the other way round. With root 0 
 The root receives the N-1 blocks it lacks, (N-1)/N S of a result of S bytes, and every other
 rank sends its block once, S/N: the least a gather can move. The senders all start at once
 (on shared memory each copies into its own slots, so the root's receives follow one another
-without waiting), and the root copies its own block first, while their first segments land.
+without waiting), and the root copies its own block as the first lands (`recv_while`: on
+shared memory, while that sender writes its whole block into the root's result).
 A binomial tree would cut the root's N-1 steps to log2 N by forwarding blocks through other
 ranks: worth it where each message pays a long latency, not between the cores of one node.
 
@@ -49,12 +50,21 @@ def gather_to_root(transport: Transport, mine: Any | None, work: Any,
         transport.at("gather", (rank - root) % size - 1)
         transport.send(mine, root)
         return
-    if mine is not None:
-        work[slice(*bounds[root])] = mine
+    own = work[slice(*bounds[root])]
+
+    def copy_own() -> None:
+        if mine is not None:
+            own[...] = mine
+    if size == 1 or mine is not None and transport.xp.may_share_memory(mine, work):
+        copy_own()  # first: `mine` may overlap the peers' blocks
+        mine = None
     for step in range(size - 1):
         peer = (root + 1 + step) % size
         transport.at("gather", step)
-        transport.recv(work[slice(*bounds[peer])], peer)
+        if step == 0:  # our own block is copied as the first peer's lands
+            transport.recv_while(work[slice(*bounds[peer])], peer, copy_own)
+        else:
+            transport.recv(work[slice(*bounds[peer])], peer)
 
 
 def one_shot_gather(transport: Transport, mine: Any | None, work: Any | None,

@@ -33,8 +33,10 @@ errors: the lane never decides what is wrong, only what is plain.
 
 Messages (send, recv, sendrecv: `small_message`) take a shorter lane, at any size: their
 arguments seen plain, then the transport's shortest way for a sendrecv with one peer
-(`pair_message`: on shm the pair areas for a page, the pair's messages read in place from
-512 KiB), else the general path's own moves (`Communicator._message`), without the decorator.
+(on shm the pair areas up to 16 KiB, the pair's messages read in place above), by a step the
+transport readies once per kind of message (`prepare_pair_message`, kept as the collectives'
+exchanges are: `_pair_step`), or by `pair_message`, else the general path's own moves
+(`Communicator._message`), without the decorator.
 """
 
 from __future__ import annotations

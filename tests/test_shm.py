@@ -741,6 +741,7 @@ def direct_scenario() -> None:
             if rank == 0:
                 numpy.testing.assert_array_equal(
                     got, sum(mine - rank + r for r in range(size)))
+            gathered_while_written(comm, mine, moved)
         # A scatter's blocks of a segment and of more than a segment: through the slots, the
         # receiver taking the first by its short way (`_take`), and read in place; by the lane
         # (a recvbuf given) and by the general path.
@@ -765,6 +766,37 @@ def direct_scenario() -> None:
             forwarded_all_reduce(comm, moved)
             transport.oversubscribed = True
     print("direct ok", flush=True)
+
+
+def gathered_while_written(comm, mine: numpy.ndarray, moved: list[tuple[str, int]]) -> None:
+    """A gather (by the general path: `mine` is larger than an area) whose root copies its
+    own block while its first peer, sharing its message, writes all of it into the root's
+    result (`recv_while`), and one whose peer does not share it (`Sharing` says no, below
+    DIRECT_BYTES); after each, a shared message from that peer is written half, as asked: the
+    root's ask ahead is never read for a later message. On two ranks, the moves counted."""
+    from transports.slots import DIRECT_BYTES
+
+    rank, size, transport = comm.rank, comm.size, comm._transport
+    nbytes, half = mine.nbytes, mine.nbytes // 2 // 64 * 64
+    for says in (True, False):
+        moved.clear()
+        transport.sharing.shares = lambda: says
+        got = comm.gather(mine, root=0)
+        if rank == 0:
+            numpy.testing.assert_array_equal(got, [mine - rank + r for r in range(size)])
+        shared = transport.shares_from is not None and (says or nbytes >= DIRECT_BYTES)
+        if size == 2:
+            assert moved == ([("write", nbytes)] if shared and rank == 1 else []), moved
+        moved.clear()
+        transport.sharing.shares = lambda: True
+        if rank == 1:
+            comm.send(mine, 0)
+        elif rank == 0:
+            numpy.testing.assert_array_equal(comm.recv(numpy.empty_like(mine), 1), mine + 1)
+        del transport.sharing.shares
+        if size == 2:
+            assert moved == ([] if transport.shares_from is None else [("write", half)]
+                             if rank == 1 else [("read", nbytes - half)]), moved
 
 
 def forwarded_all_reduce(comm, moved: list[tuple[str, int]]) -> None:

@@ -11,8 +11,8 @@ is asked for, and skip empty transfers (both sides agree a chunk is empty, so ne
 message). Each transport overrides the raw moves `_sendrecv` and `_barrier`, and where it has
 a shorter way, the defaults written here in the plain way: `_sendrecv_reduce` (receive into
 bounded scratch, then reduce), `_all_inputs` (the call's descriptor, then copies with every
-peer, in `_exchange`), `_isend` and `sends_ahead`, `message`, `reduce_forward`, and the
-hooks `_send_reduced`, `check_first` and `checked`, `register`, `pair_inputs`,
+peer, in `_exchange`), `_isend` and `sends_ahead`, `recv_while`, `message`, `reduce_forward`,
+and the hooks `_send_reduced`, `check_first` and `checked`, `register`, `pair_inputs`,
 `pair_message`, `prepare_pair_message`, `check_thread` (all in docs/architecture.md, "Adding a
 transport").
 """
@@ -351,6 +351,14 @@ class Transport(ABC):
     def recv(self, buf: Any, src: int) -> None:
         """Receive from `src` into `buf`."""
         self.sendrecv(None, None, buf, src)
+
+    def recv_while(self, buf: Any, src: int, meanwhile: Callable[[], None]) -> None:
+        """`recv(buf, src)`, with `meanwhile()`, work of the caller's own that touches
+        neither `buf` nor what `src` sends, made while the message comes where the transport
+        can overlap the two (slots.py: a shared message's sender then writes it whole). Here
+        first."""
+        meanwhile()
+        self.recv(buf, src)
 
     def isend(self, buf: Any, dst: int) -> Callable[[], None]:
         """Start sending `buf` to `dst`, and return `wait()`, which returns once `buf` may be

@@ -24,7 +24,8 @@ Each rank's host region holds
                            where it lands; for ours to p, which one's part has landed;
                            the last pair turn whose message from p, read in place, this
                            rank has read; for a shared input from p, the turn and where
-                           it lands; for ours to p, the last turn whose half has landed
+                           it lands; for ours to p, the last turn whose half has landed;
+                           last, how much of a shared message from p its sender writes
                 push p     one line per peer: where p's forwarded result lands (posts made,
                            address, size); how many of ours to p have landed
 
@@ -64,8 +65,10 @@ Shared copies. Where every rank has a core of its own, a message of SHARED_BYTES
 sent one way only (a broadcast's, a scatter's, a gather's) is moved by both ends at once: the
 sender announces its address as for a direct read; the receiver says in its share line
 where the message lands, and reads all but the first half; the sender writes that half
-straight into the receiver's buffer (`process_vm_writev`), and says so. Two cores each copy
-half, where one read would copy it all: measured on 2 ranks, an 8 or 16 MiB broadcast takes
+straight into the receiver's buffer (`process_vm_writev`), and says so (a receiver with work
+of its own meanwhile, `recv_while`, asks for the whole, in the last word of its share line, and
+makes its work while the sender writes). Two cores each copy half, where one read would copy
+it all: measured on 2 ranks, an 8 or 16 MiB broadcast takes
 about a fifth less time (README, "Shared memory"), and in a slow spell a 2 MiB broadcast's or
 gather's message, where the slots had moved it, 0.43x or 0.65x the time (SHARED_BYTES). Below
 DIRECT_BYTES a message is shared only while `Sharing` says so (in a fast spell the slots'
@@ -173,7 +176,11 @@ after it has read this one. A peer whose words are not marked (its message goes 
 way: a traced rank, or a send alone) takes from the slots after its check, so the rank then
 sends through a slot, and takes the peer's from one, as the general way does. On host memory
 (the CUDA transport's data goes the general way). Memory per rank: 2 * PAIR_AREA_BYTES per
-peer.
+peer. Measured on 2 ranks in a slow spell, with the steps readied once (`prepare_pair_message`),
+through 64 KiB areas against read in place: 14.1 against 23.1 us at 2 KiB, 16.0 against 23.5
+at 8 KiB, 18.4 against 25.3 at 16 KiB, 22.9 against 26.3 at 32 KiB, 31.4 against 30.4 at
+64 KiB (MPICH's 4.6, 7.5, 8.3, 9.5, 13.2). The areas hold 16 KiB, not 32: the memory of every
+rank's region grows with the ranks on the node.
 
 Pair messages read in place. A checked sendrecv with one peer of PAIR_IN_PLACE_BYTES or more
 each way (`pair_message`), where direct reads work and every rank has a core, is read in
@@ -184,8 +191,10 @@ said the same (it was reading ours). One copy each way, no slot, two waits. A pe
 general way is met there: once the check agrees, both messages move as that way moves them
 (`_sendrecv`). Measured on 2 ranks (README, "A
 second machine"), a 1 MiB sendrecv took 241-247 us where the slots took 409-451 (MPICH's
-177-180, one direct read each way too); at 64 and 256 KiB the slots, in the caches, were
-as fast or faster.
+177-180, one direct read each way too). At 64 and 256 KiB the slots, in the caches, were then
+as fast or faster; once the steps were readied (`prepare_pair_message`), in a slow spell, read
+in place took 23.3 against 36.4 us at 8 KiB, 26.7 against 43.3 at 32 KiB, 38.7 against 70.2
+at 128 KiB, 55.3 against 106.3 at 256 KiB, so they are read in place above the pair areas.
 
 The protocol is the same whatever memory the data lives in; a memory kind (`MemoryKind`) says
 where, and how to copy and reduce there. The control lines always stay in host shared memory,
@@ -1163,25 +1172,62 @@ class SlotTransport(Transport):
                   "its message to be asked for")
         if theirs[asked] > seq:  # (else the receiver reduced it, reading it all)
             self._move(self.memory.write, dst, f"write its message into rank {self.named(dst)}",
-                       theirs[asked + 1], out[:_sender_part(out.size)])
+                       theirs[asked + 1], out[:theirs[asked + WORDS - 1]])
         self._own[(self._share_line + dst) * WORDS + 2] = seq + 1  # our part has landed
 
     def _take_shared(self, src: int, address: int, into: Any) -> None:
-        """The receiver's side of a shared message at `address` in `src`: say where it lands,
-        read all but the sender's part, and wait for that part. (A receiver that reduces a
+        """The receiver's side of a shared message at `address` in `src`: say where it lands
+        and how much of it the sender writes (half), unless `recv_while` asked ahead (the
+        whole), read the rest, and wait for the sender's part. (A receiver that reduces a
         message reads it all, `_read`, and the sender sees it taken.)"""
         seq, line = self._taken[src], (self._share_line + src) * WORDS
-        part = _sender_part(into.size)
-        self._own[line + 1] = address_of(into)
-        self._own[line] = seq + 1  # last: the sender may write now
+        if self._own[line] == seq + 1:  # asked ahead (`recv_while`), for `into`
+            part = self._own[line + WORDS - 1]
+        else:
+            part = _sender_part(into.size)
+            self._ask(src, address_of(into), part)
         written = (self._share_line + self.rank) * WORDS + 2  # in src's control lines
         try:
-            self._read(src, address + part, into[part:], into.dtype, None, None)
+            if part < into.size:
+                self._read(src, address + part, into[part:], into.dtype, None, None)
             self.wait(lambda: self._ctl[src][written] > seq, src, "its part of a message")
         except BaseException:
             # A live sender may still write into `into`: keep its memory from being reused.
             _LENT.append(into)
             raise
+
+    def recv_while(self, buf: Any, src: int, meanwhile: Callable[[], None]) -> None:
+        """`recv`, with `meanwhile()` made while a shared message's sender writes it whole
+        (see "Shared copies"): the call's check first (a sender announces such a message only
+        once it has passed), then this rank asks ahead for the whole message, makes its work,
+        and takes the message. A sender that does not share it never reads the ask; one that
+        shares it writes it all, where it would write half. Measured on 2 ranks in a slow
+        spell, a gather's root took 1.4 ms to copy its own 8 MiB block while its peer waited,
+        then 0.7 ms to share the peer's."""
+        if self.shares_from is None or self._registered or src == self.rank \
+                or getattr(buf, "nbytes", 0) < self.shares_from:
+            super().recv_while(buf, src, meanwhile)
+            return
+        buf = self._check(buf, src)
+        self.checked()
+        seq, into = self._taken[src], buf.view(numpy.uint8)
+        self._ask(src, address_of(into), into.size)
+        try:
+            meanwhile()
+            self.recv(buf, src)
+        except BaseException:
+            if self._taken[src] == seq:  # not taken: the ask withdrawn, `buf` lent
+                self._own[(self._share_line + src) * WORDS] = seq
+                _LENT.append(into)  # (a sender may have read the ask)
+            raise
+
+    def _ask(self, src: int, address: int, part: int) -> None:
+        """Ask `src` to write the first `part` bytes of its next shared message to this rank
+        at `address` (here), in our share line for it."""
+        line = (self._share_line + src) * WORDS
+        self._own[line + WORDS - 1] = part
+        self._own[line + 1] = address
+        self._own[line] = self._taken[src] + 1  # last: the sender may write now
 
     def _consumed(self, src: int) -> None:
         """Count one more segment (or direct message) taken from `src`, for it to see."""
