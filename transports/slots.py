@@ -176,11 +176,11 @@ after it has read this one. A peer whose words are not marked (its message goes 
 way: a traced rank, or a send alone) takes from the slots after its check, so the rank then
 sends through a slot, and takes the peer's from one, as the general way does. On host memory
 (the CUDA transport's data goes the general way). Memory per rank: 2 * PAIR_AREA_BYTES per
-peer. Measured on 2 ranks in a slow spell, with the steps readied once (`prepare_pair_message`),
-through 64 KiB areas against read in place: 14.1 against 23.1 us at 2 KiB, 16.0 against 23.5
-at 8 KiB, 18.4 against 25.3 at 16 KiB, 22.9 against 26.3 at 32 KiB, 31.4 against 30.4 at
-64 KiB (MPICH's 4.6, 7.5, 8.3, 9.5, 13.2). The areas hold 16 KiB, not 32: the memory of every
-rank's region grows with the ranks on the node.
+peer. Measured on 2 ranks in a slow spell (a timed loop of sendrecvs, the steps readied
+once: `prepare_pair_message`), through 64 KiB areas against read in place: 14.1 against 23.1
+us at 2 KiB, 16.0 against 23.5 at 8 KiB, 18.4 against 25.3 at 16 KiB, 22.9 against 26.3 at
+32 KiB, 31.4 against 30.4 at 64 KiB (MPICH's 4.6, 7.5, 8.3, 9.5, 13.2). The areas hold 16
+KiB, not 32: the memory of every rank's region grows with the ranks on the node.
 
 Pair messages read in place. A checked sendrecv with one peer of PAIR_IN_PLACE_BYTES or more
 each way (`pair_message`), where direct reads work and every rank has a core, is read in
