@@ -389,7 +389,8 @@ def _pair_step(comm: Any, sendbuf: numpy.ndarray, peer: Any, recvbuf: Any) -> An
     and checked as `_pair_message` does, the plain arguments seen in one go; `recvbuf`, or
     GENERAL where there is no such step, or the call is not plain."""
     transport = comm._transport
-    if (type(recvbuf) is not numpy.ndarray or type(peer) is not int
+    if (transport.prepare_pair_message is None
+            or type(recvbuf) is not numpy.ndarray or type(peer) is not int
             or not (sendbuf.flags.c_contiguous and recvbuf.flags.c_contiguous
                     and recvbuf.flags.writeable)
             or transport.trace is not None or transport.on_transfer is not None

@@ -184,8 +184,8 @@ class Transport(ABC):
     # A sendrecv with one peer, with its pair check, in one method where the transport has a
     # shortest way for it (slots.py's `pair_message`), else None.
     pair_message: Callable[..., bool | tuple[int, ...]] | None = None
-    # That way made ready for a run of messages alike (slots.py's `prepare_pair_message`),
-    # where the transport has one, else None.
+    # That way made ready for a run of messages alike (`prepare_pair_message`: slots.py,
+    # mpi.py), where the transport has one, else None.
     prepare_pair_message: Callable[..., Callable[..., Any] | None] | None = None
     # The hierarchical transport's parts: the ranks of this node, and one rank per node.
     node: Transport | None = None

@@ -24,7 +24,8 @@ from typing import Any, Callable
 import numpy
 from mpi4py import MPI
 
-from .base import CALL_LINE, Exchange, Moved, Reads, ReduceOp, Transport, call_line, kept, segments
+from .base import (CALL_LINE, MESSAGES, Exchange, Moved, Reads, ReduceOp, Transport, call_line,
+                   kept, segments)
 from .bootstrap import duplicated, nodes, start
 from .cuda import copy_bytes, pinned_empty, use_gpu
 from .errors import CollectiveError, InvalidArgumentError
@@ -315,6 +316,24 @@ class MPITransport(Transport):
         into.view(numpy.uint8)[...] = landed[PAIR_BYTES:PAIR_BYTES + into.nbytes]
         self._count("copy", mine, peer, into, peer)
         return True
+
+    def prepare_pair_message(self, peer: int, sent_bytes: int, expected_bytes: int,
+                             kind: tuple[int, int, int]) -> Callable[..., Any] | None:
+        """`pair_message` for a run of checked sendrecvs with one `peer`, of flat arrays of
+        `sent_bytes` and `expected_bytes` whose description is `kind` (`check.pair_kind`):
+        `step(mine, into, n_sent, n_expected)`, with both ends' words made from the two
+        numbers. None for messages larger than a packet holds."""
+        most = min(self.one_shot_bytes, PAIR_PACKET_BYTES)
+        if self.xp is not numpy or not 0 < sent_bytes <= most or not 0 < expected_bytes <= most:
+            return None
+        c_sent, c_expected, dtypes = kind
+        mirrored = (dtypes & 0xFFFFFFFF) << 32 | dtypes >> 32  # the peer's dtypes word
+
+        def step(mine: Any, into: Any, n_sent: int, n_expected: int) -> bool | tuple[int, ...]:
+            return self.pair_message(
+                mine, peer, into, (MESSAGES, n_sent, n_expected, c_sent, c_expected, dtypes),
+                (MESSAGES, n_expected, n_sent, c_expected, c_sent, mirrored))
+        return step
 
     def _all_inputs(self, buf: Any, call: tuple[int, ...] | None, reads: Reads | None = None,
                     into: Any | None = None) -> list[Any] | None:
