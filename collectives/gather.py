@@ -72,10 +72,16 @@ def one_shot_gather(transport: Transport, mine: Any | None, work: Any | None,
     """The gather of equal blocks (at `bounds`) in one exchange: every rank publishes its flat
     block `mine`, and the exchange places each peer's in the root's flat result `work`
     (`to_root`: it may read them straight there, out of registered memory), where the root
-    has copied its own first, unless `mine` is None: already in place."""
+    copies its own while they land (`alongside`), or first where `mine` overlaps them, unless
+    `mine` is None: already in place."""
     own = None if work is None else work[slice(*bounds[root])]
     if mine is not None and own is not None:
-        own[...] = mine  # first: `mine` may overlap the peers' blocks (none reads it)
+        def copy_own() -> None:
+            own[...] = mine
+        if transport.xp.may_share_memory(mine, work):
+            copy_own()  # first: `mine` may overlap the peers' blocks (none reads it)
+        else:
+            transport.alongside(copy_own)
     inputs_at_root(transport, own if mine is None else mine, root,
                    lambda src: work[slice(*bounds[src])],
                    to_root(own.nbytes if mine is None else mine.nbytes, root, transport.rank,

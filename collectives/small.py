@@ -178,9 +178,11 @@ def small_gather(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, root: i
     result = numpy.empty(shape, sendbuf.dtype) if recvbuf is None else recvbuf
     placed = _placed(result, sendbuf)
     transport.unread()  # (none takes the root's input: `to_root`)
-    if placed:  # the peers' blocks, placed; then ours
+    if placed:  # the peers' blocks, placed; ours copied meanwhile (`alongside`)
+        def copy_own() -> None:
+            result[root] = sendbuf
+        transport.alongside(copy_own)
         _exchange(comm, kind[2], sendbuf, result)
-        result[root] = sendbuf
         return result
     inputs = _exchange(comm, kind[2], sendbuf)
     result[root] = sendbuf  # first: `sendbuf` may overlap the other blocks

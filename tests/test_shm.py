@@ -430,13 +430,14 @@ def shared_inputs_scenario() -> None:
     """On 2 ranks with a core each, one-shot inputs of SHARED_BYTES or more that one rank takes
     of the other and copies whole are shared (slots.py, "Shared inputs") while `Sharing` says
     so (here, always): a broadcast's root and a gather's other rank write half of their input
-    into a reader that places it, which reads the rest; a reader that does not place it (the
-    lane's gather in place) reads it all. Inputs that are reduced (a reduce's), that both
-    ranks take (an all-reduce's), or smaller ones go through the areas, and so do all when
-    `Sharing` says not to. By the lane and the general path, from either root, against
-    NumPy, with the reads and writes counted. Then a reader whose owner has not come gives
-    up: it withdraws its ask, so that the owner, come late, writes nothing, and it keeps the
-    buffer it lent."""
+    into a reader that places it, which reads the rest; a gather's root that copies its own
+    block meanwhile (`alongside`) asks for ALONGSIDE_EIGHTHS of it instead; a reader that
+    does not place it (the lane's gather in place) reads it all. Inputs that are reduced (a
+    reduce's), that both ranks take (an all-reduce's), or smaller ones go through the areas,
+    and so do all when `Sharing` says not to. By the lane and the general path, from either
+    root, against NumPy, with the reads and writes counted. Then a reader whose owner has not
+    come gives up: it withdraws its ask, so that the owner, come late, writes nothing, and it
+    keeps the buffer it lent."""
     from mpi4py import MPI
 
     from transports import slots
@@ -454,12 +455,14 @@ def shared_inputs_scenario() -> None:
         sharing = comm._transport.sharing
         for nbytes in (slots.SHARED_BYTES - 8, slots.SHARED_BYTES + 8, 1 << 20):
             shared, half = nbytes >= slots.SHARED_BYTES, nbytes // 2 // 64 * 64
+            most = nbytes * slots.ALONGSIDE_EIGHTHS // 8 // 64 * 64
             everyone = [numpy.arange(nbytes // 8) * 2.0 + r + 0.5 for r in range(2)]
             mine = everyone[rank].copy()
             for root in range(2):
                 owner = rank != root  # (of a gather's, or a reduce's, input taken)
-                split = [] if not shared else [("read", nbytes - half)] if not owner \
-                    else [("write", half)]
+                split, alongside = ([] if not shared else [("read", nbytes - part)]
+                                    if not owner else [("write", part)]
+                                    for part in (half, most))
                 whole = [] if not shared or owner else [("read", nbytes)]
                 for general in (False, True):
                     sharing.shares = lambda: True
@@ -476,7 +479,7 @@ def shared_inputs_scenario() -> None:
                                      else [("read", nbytes - half)]), (why, moved)
                     result = numpy.full((2, nbytes // 8), -1.0)
                     run("gather", mine, result)
-                    assert moved == split, (why, moved)
+                    assert moved == alongside, (why, moved)
                     result[...] = -1.0
                     result[root] = mine if rank == root else -1.0
                     run("gather", result[root] if rank == root else mine, result)  # in place

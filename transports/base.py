@@ -12,7 +12,7 @@ message). Each transport overrides the raw moves `_sendrecv` and `_barrier`, and
 a shorter way, the defaults written here in the plain way: `_sendrecv_reduce` (receive into
 bounded scratch, then reduce), `_all_inputs` (the call's descriptor, then copies with every
 peer, in `_exchange`), `_isend` and `sends_ahead`, `recv_while`, `message`, `reduce_forward`,
-and the hooks `_send_reduced`, `check_first` and `checked`, `register`, `pair_inputs`,
+and the hooks `alongside`, `_send_reduced`, `check_first` and `checked`, `register`, `pair_inputs`,
 `pair_message`, `prepare_pair_message`, `check_thread` (all in docs/architecture.md, "Adding a
 transport").
 """
@@ -225,6 +225,7 @@ class Transport(ABC):
         self._call: tuple[int, ...] | None = None  # the descriptor the next all_inputs carries
         self._unread = False  # whether no peer takes this rank's input to the next (`unread`)
         self._copied_whole = False  # whether its peers copy it whole (`copied_whole`)
+        self._alongside: Callable[[], None] | None = None  # work of ours meanwhile (`alongside`)
         self.closed = False
         self.abandoned: str | None = None  # why every wait is to stop at once (`abandon`)
         # Where this transport is a part of another (hierarchical.py), the world rank of each
@@ -271,6 +272,14 @@ class Transport(ABC):
         ranks'): a transport may share that copy with it. Said just before that exchange, and
         forgotten after it, as `unread` is."""
         self._copied_whole = True
+
+    def alongside(self, work: Callable[[], None]) -> None:
+        """`work()`, this rank's own (a gather's root copying its block), is to be made with
+        its next `all_inputs`, and touches neither its input nor where that exchange places
+        what it takes: a transport may make it while its peers move their inputs, and have
+        them move more (slots.py, "Shared inputs"). Where the transport has not made it, it is
+        made once the exchange has moved; it is dropped if the exchange fails."""
+        self._alongside = work
 
     def at(self, phase: str, step: int = 0) -> None:
         """The algorithm is at `step` of `phase` ("reduce-scatter", 2)."""
@@ -415,10 +424,14 @@ class Transport(ABC):
         to rank.
         """
         try:
-            return self._all_inputs_counted(buf, counted, reads, into)
+            inputs = self._all_inputs_counted(buf, counted, reads, into)
         finally:
             # (For this exchange only, whether it heeded them or not.)
             self._unread = self._copied_whole = False
+            alongside, self._alongside = self._alongside, None
+        if alongside is not None:  # (not made by the exchange)
+            alongside()
+        return inputs
 
     def _all_inputs_counted(self, buf: Any, counted: bool, reads: Reads | None,
                             into: Any | None) -> list[Any] | None:
@@ -523,13 +536,14 @@ class Transport(ABC):
             stats.bytes_received += received
             stats.messages += messages
             try:
-                if into is None:
-                    return move(buf, line)
-                inputs = move(buf, line, into)
+                inputs = move(buf, line) if into is None else move(buf, line, into)
             finally:
                 # (For this exchange only, whether it heeded them or not.)
                 self._unread = self._copied_whole = False
-            return None if inputs is None else place(inputs, reads, into)
+                alongside, self._alongside = self._alongside, None
+            if alongside is not None:  # (not made by the exchange)
+                alongside()
+            return inputs if into is None or inputs is None else place(inputs, reads, into)
         return exchange
 
     def every_peer(self, nbytes: int) -> list[Moved]:

@@ -80,16 +80,21 @@ each, for inputs of SHARED_BYTES or more of a call that names what each rank tak
 an owner that takes nothing (a broadcast's root, a gather's other rank) marks its address
 word SHARED instead of copying its input into its area. Its reader, where it takes that whole
 input into place (`into`: a broadcast's buffer, a gather's result), first asks, in its share
-line for the owner, with the turn and where the input lands; then publishes. Once both have
-published and the lines agree, the owner writes the first half there (`process_vm_writev`)
-and says so in its share line, while the reader reads the rest; the owner returns once the
+line for the owner, with the turn, where the input lands, and how much of it the owner is to
+write: half, or ALONGSIDE_EIGHTHS eighths where the reader has work of its own to make meanwhile
+(`alongside`: a gather's root copying its block). Then it publishes. Once both have published
+and the lines agree, the owner writes that part there (`process_vm_writev`) and says so in its
+share line, while the reader makes its work and reads the rest; the owner returns once the
 reader has counted the turn read (the READ counter), as for any input read in place. A reader
 that does not ask reads it all. Only an input that its reader copies whole is offered
 (`copied_whole`: a broadcast's root's, a gather's other rank's, not a reduce's), and only while
 `Sharing` says copies into the area cost too much now. Measured on 2 ranks in a slow spell
 (README, "One-way copies shared by both ends"): a 1 MiB broadcast took 84-104 us where through
 the areas it took 196-208 (MPICH's 125-143), a 1 MiB gather 81-83 against 103-120 (MPICH's
-84-96).
+84-96). A gather's root that copied its own block after the exchange, reading half of its
+peer's, took 79 us where that peer's write of its half ended at 57 (a timeline of one
+call); copying its block meanwhile, with 5/8 written by the peer, 79 -> 72-75 us in the
+benchmark (README, "Messages readied once").
 
 Forwarded results. A ring all-reduce's last reduce-scatter step and its first all-gather
 step (`reduce_forward`) are fused where direct reads are, every rank has a core, and every
@@ -273,6 +278,11 @@ SHARED_BYTES = 512 << 10
 # nothing in the exchange, and writes the first half of its input into its reader's buffer
 # if the reader asks (see "Shared inputs").
 SHARED = 1 << 61
+# A shared input's reader asks for this many eighths of it from its owner where the reader
+# has work of its own to make meanwhile (`alongside`: a gather's root copying its block),
+# else for half. Its landing word says how many, above the address (LANDING_BITS).
+ALONGSIDE_EIGHTHS = 5
+LANDING_BITS = 56
 
 
 class MemoryKind(Protocol):
@@ -311,10 +321,10 @@ class MemoryKind(Protocol):
 _LENT: list[Any] = []
 
 
-def _sender_part(nbytes: int) -> int:
-    """Of a shared message of `nbytes`, the bytes the sender writes (the first ones): half, in
-    whole cache lines."""
-    return nbytes // 2 // LINE * LINE
+def _sender_part(nbytes: int, eighths: int = 4) -> int:
+    """Of a shared message or input of `nbytes`, the bytes the sender writes (the first ones):
+    half, or `eighths` eighths, in whole cache lines."""
+    return nbytes * eighths // 8 // LINE * LINE
 
 
 def _alive(pid: int, thorough: bool = False) -> bool:
@@ -1495,7 +1505,7 @@ class SlotTransport(Transport):
         offers = shares and not landing
         asker = wanted[0] if shares and len(landing) == 1 and wanted \
             and wanted[0][2] == nbytes else None
-        part, sharing = _sender_part(nbytes), self.sharing
+        sharing = self.sharing
         peer = (rank + 1) % size  # (the only one, where inputs are shared)
         share = (self._share_line + peer) * WORDS  # our share line for it: words 4 to 6
         shared = (self._share_line + rank) * WORDS  # its for us, in its control lines
@@ -1510,6 +1520,7 @@ class SlotTransport(Transport):
             word = self._address_word(buf) if registered else ours_at
             unread, self._unread = self._unread, False
             whole, self._copied_whole = self._copied_whole, False
+            alongside, self._alongside = self._alongside, None
             gauged = offers and whole and not word & REGISTERED  # (`Sharing` chooses)
             if unread:  # none takes it: nothing to say where it lies, none to wait for
                 word = 0
@@ -1527,14 +1538,15 @@ class SlotTransport(Transport):
             if into is not None and into.nbytes == alone_length:
                 into_at -= alone_at  # (so that its one block lands at its start)
             asks = asker is not None and into is not None
-            if asks:  # where the input we take lands, for its owner to write its half
-                own[share + 5] = into_at + asker[3][0]
+            eighths = ALONGSIDE_EIGHTHS if alongside is not None else 4
+            if asks:  # where the input we take lands, and how much of it its owner writes
+                own[share + 5] = into_at + asker[3][0] | eighths << LANDING_BITS
                 own[share + 4] = turn
             own[address[parity]] = word
             own[PUBLISHED * WORDS] = turn  # last: the line and the address are now visible
             try:
                 return take(buf, line, into, turn, parity, mine, their_lines, ours_at, into_at,
-                            word, unread, asks)
+                            word, unread, asks, alongside, _sender_part(nbytes, eighths))
             except BaseException as error:
                 if asks and own[share + 4] == turn:  # withdrawn
                     own[share + 4] = 0
@@ -1544,8 +1556,10 @@ class SlotTransport(Transport):
 
         def take(buf: Any, line: memoryview, into: Any | None, turn: int, parity: int,
                  mine: memoryview, their_lines: list[memoryview], ours_at: int,
-                 into_at: int | None, word: int, unread: bool, asks: bool) -> Any:
-            """The exchange once this rank has published: wait for the peers, then move."""
+                 into_at: int | None, word: int, unread: bool, asks: bool,
+                 alongside: Callable[[], None] | None, part: int) -> Any:
+            """The exchange once this rank has published: wait for the peers, then move (and
+            make `alongside` before reading, while a shared input's owner writes `part`)."""
             for ctl in peers:
                 if ctl[PUBLISHED * WORDS] < turn:
                     self._wait_published(ctl, turn)
@@ -1554,9 +1568,11 @@ class SlotTransport(Transport):
                     self._answer_messages(line, their_lines)
                     self._compare_lines(line, their_lines)  # raises, nothing taken
             if word & SHARED and self._ctl[peer][shared + 4] == turn:  # our reader asks
+                landing = self._ctl[peer][shared + 5]
                 self._move(write_peer_bytes, peer, f"write its input into rank "
-                           f"{self.named(peer)}", self._ctl[peer][shared + 5], ours_at, part)
-                own[share + 6] = turn  # our half has landed
+                           f"{self.named(peer)}", landing & (1 << LANDING_BITS) - 1, ours_at,
+                           _sender_part(nbytes, landing >> LANDING_BITS))
+                own[share + 6] = turn  # our part has landed
             inputs = None
             if into is None:
                 scratch, scratched = kept_scratch or made_scratch()
@@ -1568,6 +1584,8 @@ class SlotTransport(Transport):
                     ctypes.memmove(base + at[where], ours_at + lo, length)
                     if inputs is not None:
                         inputs[rank] = scratched[rank]
+            if alongside is not None:
+                alongside()
             for r, lo, length, at, what in wanted:
                 theirs = self._ctl[r][address[parity]]
                 if not theirs:  # in its area: returned as it is, unless placed
