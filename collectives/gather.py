@@ -18,8 +18,9 @@ starting with its right neighbour: scatter.py, the other way round. With root 0 
 The root receives the N-1 blocks it lacks, (N-1)/N S of a result of S bytes, and every other
 rank sends its block once, S/N: the least a gather can move. The senders all start at once
 (on shared memory each copies into its own slots, so the root's receives follow one another
-without waiting), and the root copies its own block as the first lands (`recv_while`: on
-shared memory, while that sender writes its whole block into the root's result).
+without waiting), and the root copies its own block with the first (`recv_while`: first, or
+on shared memory, where that sender shares its message, while it writes it whole into the
+root's result).
 A binomial tree would cut the root's N-1 steps to log2 N by forwarding blocks through other
 ranks: worth it where each message pays a long latency, not between the cores of one node.
 
@@ -53,15 +54,14 @@ def gather_to_root(transport: Transport, mine: Any | None, work: Any,
     own = work[slice(*bounds[root])]
 
     def copy_own() -> None:
-        if mine is not None:
-            own[...] = mine
-    if size == 1 or mine is not None and transport.xp.may_share_memory(mine, work):
+        own[...] = mine
+    if mine is not None and (size == 1 or transport.xp.may_share_memory(mine, work)):
         copy_own()  # first: `mine` may overlap the peers' blocks
         mine = None
     for step in range(size - 1):
         peer = (root + 1 + step) % size
         transport.at("gather", step)
-        if step == 0:  # our own block is copied as the first peer's lands
+        if step == 0 and mine is not None:  # our own block copied with the first peer's
             transport.recv_while(work[slice(*bounds[peer])], peer, copy_own)
         else:
             transport.recv(work[slice(*bounds[peer])], peer)
@@ -72,8 +72,9 @@ def one_shot_gather(transport: Transport, mine: Any | None, work: Any | None,
     """The gather of equal blocks (at `bounds`) in one exchange: every rank publishes its flat
     block `mine`, and the exchange places each peer's in the root's flat result `work`
     (`to_root`: it may read them straight there, out of registered memory), where the root
-    copies its own while they land (`alongside`), or first where `mine` overlaps them, unless
-    `mine` is None: already in place."""
+    copies its own with the exchange (`alongside`: on shared memory during it, where a peer
+    shares its input; else after it), or first where `mine` overlaps them, unless `mine` is
+    None: already in place."""
     own = None if work is None else work[slice(*bounds[root])]
     if mine is not None and own is not None:
         def copy_own() -> None:

@@ -33,7 +33,8 @@ errors: the lane never decides what is wrong, only what is plain.
 
 Messages (send, recv, sendrecv: `small_message`) take a shorter lane, at any size: their
 arguments seen plain, then the transport's shortest way for a sendrecv with one peer
-(on shm the pair areas up to 16 KiB, the pair's messages read in place above), by a step the
+(on shm the pair areas up to 16 KiB, the pair's messages read in place above where direct
+reads work and each rank has a core), by a step the
 transport readies once per kind of message (`prepare_pair_message`, kept as the collectives'
 exchanges are: `_pair_step`), or by `pair_message`, else the general path's own moves
 (`Communicator._message`), without the decorator.
@@ -178,7 +179,7 @@ def small_gather(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, root: i
     result = numpy.empty(shape, sendbuf.dtype) if recvbuf is None else recvbuf
     placed = _placed(result, sendbuf)
     transport.unread()  # (none takes the root's input: `to_root`)
-    if placed:  # the peers' blocks, placed; ours copied meanwhile (`alongside`)
+    if placed:  # the peers' blocks, placed; ours copied with the exchange (`alongside`)
         def copy_own() -> None:
             result[root] = sendbuf
         transport.alongside(copy_own)

@@ -171,35 +171,36 @@ that turn too, the check's six integers as its call line; the peer, seeing them,
 check with its call's descriptor (`_answer_collective`, `_answer_messages`). Both then raise,
 having taken each other's turn, so the next call of each lines up.
 
-Pair areas. A sendrecv with one peer of up to PAIR_AREA_BYTES each way (`pair_message`), with
-its check, is one publish and one wait, as a one-shot exchange is: each rank copies its data
-into its area for that peer (two per peer, by the parity of the pair's turn), writes the
-check's six integers in its pair line, marked INLINE, and once the peer's line has come
-compares the words and copies the peer's data out of the peer's area for it. A turn's area is
-written again two turns later, once the peer has said the turn between, which it says only
-after it has read this one. A peer whose words are not marked (its message goes the general
-way: a traced rank, or a send alone) takes from the slots after its check, so the rank then
-sends through a slot, and takes the peer's from one, as the general way does. On host memory
-(the CUDA transport's data goes the general way). Memory per rank: 2 * PAIR_AREA_BYTES per
-peer. Measured on 2 ranks in a slow spell (a timed loop of sendrecvs, the steps readied
-once: `prepare_pair_message`), through 64 KiB areas against read in place: 14.1 against 23.1
-us at 2 KiB, 16.0 against 23.5 at 8 KiB, 18.4 against 25.3 at 16 KiB, 22.9 against 26.3 at
-32 KiB, 31.4 against 30.4 at 64 KiB (MPICH's 4.6, 7.5, 8.3, 9.5, 13.2). The areas hold 16
-KiB, not 32: the memory of every rank's region grows with the ranks on the node.
+Pair areas. A sendrecv with one peer of up to PAIR_AREA_BYTES each way, with its check (by a
+step readied once per kind of message, `prepare_pair_message`), is one publish and one wait, as
+a one-shot exchange is: each rank copies its data into its area for that peer (two per peer, by
+the parity of the pair's turn), writes the check's six integers in its pair line, marked
+INLINE, and once the peer's line has come compares the words and copies the peer's data out of
+the peer's area for it. A turn's area is written again two turns later, once the peer has said
+the turn between, which it says only after it has read this one. A peer whose words are not
+marked (its message goes the general way: a traced rank, or a send alone) takes from the slots
+after its check, so the rank then sends through a slot, and takes the peer's from one, as the
+general way does. On host memory (the CUDA transport's data goes the general way). Memory per
+rank: 2 * PAIR_AREA_BYTES per peer. Measured on 2 ranks in a slow spell (a timed loop of
+sendrecvs, the steps readied once: `prepare_pair_message`), through 64 KiB areas against read
+in place: 14.1 against 23.1 us at 2 KiB, 16.0 against 23.5 at 8 KiB, 18.4 against 25.3 at 16
+KiB, 22.9 against 26.3 at 32 KiB, 31.4 against 30.4 at 64 KiB (MPICH's 4.6, 7.5, 8.3, 9.5,
+13.2). The areas hold 16 KiB, not 32: the memory of every rank's region grows with the ranks on
+the node.
 
 Pair messages read in place. A checked sendrecv with one peer of PAIR_IN_PLACE_BYTES or more
-each way (`pair_message`), where direct reads work and every rank has a core, is read in
-place: each rank writes the address of its data in the last word of its pair line, its words
-marked IN_PLACE; once the peer's line has come and agrees, it reads the peer's data straight
-into its own buffer, says so in its share line for the peer, and returns once the peer has
-said the same (it was reading ours). One copy each way, no slot, two waits. A peer on the
-general way is met there: once the check agrees, both messages move as that way moves them
-(`_sendrecv`). Measured on 2 ranks (README, "A
-second machine"), a 1 MiB sendrecv took 241-247 us where the slots took 409-451 (MPICH's
-177-180, one direct read each way too). At 64 and 256 KiB the slots, in the caches, were then
-as fast or faster; once the steps were readied (`prepare_pair_message`), in a slow spell, read
-in place took 23.3 against 36.4 us at 8 KiB, 26.7 against 43.3 at 32 KiB, 38.7 against 70.2
-at 128 KiB, 55.3 against 106.3 at 256 KiB, so they are read in place above the pair areas.
+each way (`prepare_pair_message`, `pair_message`), where direct reads work and every rank has a
+core, is read in place: each rank writes the address of its data in the last word of its pair
+line, its words marked IN_PLACE; once the peer's line has come and agrees, it reads the peer's
+data straight into its own buffer, says so in its share line for the peer, and returns once the
+peer has said the same (it was reading ours). One copy each way, no slot, two waits. A peer on
+the general way is met there: once the check agrees, both messages move as that way moves them
+(`_sendrecv`). Measured on 2 ranks (README, "A second machine"), a 1 MiB sendrecv took 241-247
+us where the slots took 409-451 (MPICH's 177-180, one direct read each way too). At 64 and 256
+KiB the slots, in the caches, were then as fast or faster; once the steps were readied
+(`prepare_pair_message`), in a slow spell, read in place took 23.3 against 36.4 us at 8 KiB,
+26.7 against 43.3 at 32 KiB, 38.7 against 70.2 at 128 KiB, 55.3 against 106.3 at 256 KiB, so
+they are read in place above the pair areas.
 
 The protocol is the same whatever memory the data lives in; a memory kind (`MemoryKind`) says
 where, and how to copy and reduce there. The control lines always stay in host shared memory,
@@ -898,19 +899,18 @@ class SlotTransport(Transport):
         from `expected`, having withdrawn what was published and taken nothing. A checked,
         untraced message of `pairs_read_from` or more each way, of any size, is read in
         place instead, as is one from registered memory of more than a pair area, whatever
-        comes back (a peer whose message goes the general way meets it there)."""
+        comes back (a peer whose message goes the general way meets it there). (A run of
+        messages of one kind takes a readied step instead, `prepare_pair_message`, through the
+        pair areas too: this way takes the others.)"""
         reads_from = self.pairs_read_from
         if said is not None and self.trace is None and self.on_transfer is None:
             word = self._address_word(mine) if self._registered else 0
             if word & REGISTERED and mine.nbytes > PAIR_AREA_BYTES or reads_from is not None \
                     and mine.nbytes >= reads_from and into.nbytes >= reads_from:
                 return self._through_pair_lines(mine, peer, into, said, expected,
-                                                word or address_of(mine), IN_PLACE)
+                                                word or address_of(mine))
         if not self._straight(mine, into):
             return False
-        if said is not None and self._pair_out is not None \
-                and mine.nbytes <= PAIR_AREA_BYTES and into.nbytes <= PAIR_AREA_BYTES:
-            return self._through_pair_lines(mine, peer, into, said, expected, 0, INLINE)
         if not self._slot_free():
             self.wait(self._slot_free, self._slot_holder(), "a free slot")
         self._publish(mine.view(numpy.uint8), peer, mine.nbytes)
@@ -924,29 +924,24 @@ class SlotTransport(Transport):
         return True
 
     def _through_pair_lines(self, mine: Any, peer: int, into: Any, said: tuple[int, ...],
-                            expected: tuple[int, ...], where: int,
-                            how: int) -> bool | tuple[int, ...]:
-        """`pair_message` of a message whose data the pair's lines say where to find: in our
-        pair area for `peer` (`how` INLINE, "Pair areas"), or in `mine` itself (IN_PLACE,
-        "Pair messages read in place": `where` it lies, `_address_word`), our words marked so;
-        then, once the peer's words have come and agree, the peer's data from where its mark
-        says, or, where it has none (its message goes the general way), both messages as the
-        general way moves them once checked (`_sendrecv`). The result as `pair_message`'s."""
+                            expected: tuple[int, ...], where: int) -> bool | tuple[int, ...]:
+        """`pair_message` of a message left in place for the peer to read ("Pair messages
+        read in place": `where` it lies, `_address_word`), our words marked IN_PLACE; then,
+        once the peer's words have come and agree, the peer's data from where its mark says,
+        or, where it has none (its message goes the general way), both messages as the general
+        way moves them once checked (`_sendrecv`). The result as `pair_message`'s."""
         turn = self._pairs[peer] + 1
-        if how == INLINE:
-            self._pair_out[peer][turn & 1][:mine.nbytes] = mine.data.cast("B")
-        else:
-            self._own[self._pair_words(peer, turn) + WORDS - 1] = where
-        turn = self._say(peer, (said[0] | how, *said[1:]))
+        self._own[self._pair_words(peer, turn) + WORDS - 1] = where
+        turn = self._say(peer, (said[0] | IN_PLACE, *said[1:]))
         heard = self._hear(peer, said, turn)
         if heard != expected:
             return heard  # (nothing to withdraw: the peer reads our data only on agreement)
-        return self._take_pair(mine, peer, into, turn, how)
+        return self._take_pair(mine, peer, into, turn, IN_PLACE)
 
     def _take_pair(self, mine: Any, peer: int, into: Any, turn: int, how: int) -> bool:
-        """The rest of `_through_pair_lines` once the pair's words of `turn` agree: the peer's
-        data from where its mark says (or both messages the general way), then, for our data
-        left IN_PLACE, the wait until the peer has read it. True."""
+        """Once the pair's words of `turn` agree, ours marked `how` (INLINE, IN_PLACE): the
+        peer's data from where its mark says (or both messages the general way), then, for our
+        data left IN_PLACE, the wait until the peer has read it. True."""
         line = self._pair_words(self.rank, turn)
         theirs = self._ctl[peer][line + 1]
         if theirs & INLINE:
@@ -1000,8 +995,8 @@ class SlotTransport(Transport):
         pairs = self._pairs
         says = [self._pair_words(peer, parity) for parity in range(2)]  # our line to the peer
         hears = [self._pair_words(self.rank, parity) for parity in range(2)]  # its line to us
-        outs = self._pair_out[peer] if how == INLINE else None
-        ins = self._pair_in[peer]
+        outs, ins = (self._pair_out[peer], self._pair_in[peer]) if how == INLINE \
+            else (None, None)
         read_at = (self._share_line + peer) * WORDS + 3  # ours: we have read the peer's turn
         read_by = (self._share_line + self.rank) * WORDS + 3  # the peer's: it has read ours
         what = f"read rank {self.named(peer)}'s message"
@@ -1208,14 +1203,16 @@ class SlotTransport(Transport):
 
     def recv_while(self, buf: Any, src: int, meanwhile: Callable[[], None]) -> None:
         """`recv`, with `meanwhile()` made while a shared message's sender writes it whole
-        (see "Shared copies"): the call's check first (a sender announces such a message only
-        once it has passed), then this rank asks ahead for the whole message, makes its work,
-        and takes the message. A sender that does not share it never reads the ask; one that
-        shares it writes it all, where it would write half. Measured on 2 ranks in a slow
-        spell, a gather's root took 1.4 ms to copy its own 8 MiB block while its peer waited,
-        then 0.7 ms to share the peer's."""
+        (see "Shared copies"): the call's pending check first (a sender announces such a
+        message only once it has passed), then this rank asks ahead for the whole message,
+        makes its work, and takes the message. A sender that does not share it never reads
+        the ask; one that shares it writes it all, where it would write half. Without a
+        pending check (an unchecked call, or one checked already), `meanwhile()` first, then
+        `recv`: the ask would go before anything has compared the message's size. Measured on
+        2 ranks in a slow spell, a gather's root took 1.4 ms to copy its own 8 MiB block while
+        its peer waited, then 0.7 ms to share the peer's."""
         if self.shares_from is None or self._registered or src == self.rank \
-                or getattr(buf, "nbytes", 0) < self.shares_from:
+                or self._pending is None or getattr(buf, "nbytes", 0) < self.shares_from:
             super().recv_while(buf, src, meanwhile)
             return
         buf = self._check(buf, src)
