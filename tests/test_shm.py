@@ -740,10 +740,17 @@ def direct_scenario() -> None:
             assert moved == ([("read", nbytes)] if rank and nbytes >= transport.isends_read_from
                              else []), \
                 moved
-            got = comm.reduce(mine, root=0)  # reduced one way: read whole or through the slots
+            moved.clear()  # reduced, then its chunks gathered: shared half and half (the
+            transport.sharing.shares = lambda: True  # root has no block of its own to copy)
+            got = comm.reduce(mine, root=0)
+            del transport.sharing.shares
             if rank == 0:
                 numpy.testing.assert_array_equal(
                     got, sum(mine - rank + r for r in range(size)))
+            if size == 2 and transport.shares_from is not None:
+                chunk = nbytes // 2
+                assert moved == ([("write", chunk // 2 // 64 * 64)] if rank == 1
+                                 else [("read", chunk - chunk // 2 // 64 * 64)]), moved
             gathered_while_written(comm, mine, moved)
         # A scatter's blocks of a segment and of more than a segment: through the slots, the
         # receiver taking the first by its short way (`_take`), and read in place; by the lane
