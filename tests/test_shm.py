@@ -427,13 +427,13 @@ def late_share_scenario() -> None:
 
 
 def shared_inputs_scenario() -> None:
-    """On 2 ranks with a core each, one-shot inputs of SHARED_BYTES or more that one rank takes
-    of the other and copies whole are shared (slots.py, "Shared inputs") while `Sharing` says
-    so (here, always): a broadcast's root and a gather's other rank write half of their input
-    into a reader that places it, which reads the rest; a gather's root that copies its own
-    block meanwhile (`alongside`) asks for ALONGSIDE_EIGHTHS of it instead; a reader that
-    does not place it (the lane's gather in place) reads it all. Inputs that are reduced (a
-    reduce's), that both ranks take (an all-reduce's), or smaller ones go through the areas,
+    """On 2 ranks with a core each, one-shot inputs of SHARED_BYTES or more that one rank takes of
+    the other and copies whole are shared (slots.py, "Shared inputs") while `Sharing` says so
+    (here, always): a broadcast's root and a gather's other rank write half of their input into
+    a reader that places it, which reads the rest; a gather's root that copies its own block
+    meanwhile (`alongside`) asks for ALONGSIDE_EIGHTHS of it instead; a reader that does not
+    place it (the lane's gather in place) reads it all. Inputs that are reduced (a reduce's, an
+    all-reduce's) are left where they lie, and read whole; smaller ones go through the areas,
     and so do all when `Sharing` says not to. By the lane and the general path, from either
     root, against NumPy, with the reads and writes counted. Then a reader whose owner has not
     come gives up: it withdraws its ask, so that the owner, come late, writes nothing, and it
@@ -486,8 +486,9 @@ def shared_inputs_scenario() -> None:
                     assert moved == (whole if not general else split), (why, moved)
                     if rank == root:
                         numpy.testing.assert_array_equal(result, numpy.stack(everyone))
-                    got = run("reduce", mine)
-                    assert moved == [], (why, moved)
+                    got = run("reduce", mine)  # left where it lies: read whole, not shared
+                    assert moved == ([("read", nbytes)] if shared and not owner else []), \
+                        (why, moved)
                     if rank == root:
                         numpy.testing.assert_array_equal(got, everyone[0] + everyone[1])
                     sharing.shares = lambda: False
@@ -500,10 +501,12 @@ def shared_inputs_scenario() -> None:
                     assert moved == [], (why, moved)
                     if rank == root:
                         numpy.testing.assert_array_equal(result, numpy.stack(everyone))
-                moved.clear()
-                got = comm.all_reduce(mine)
-                numpy.testing.assert_array_equal(got, everyone[0] + everyone[1])
-                assert moved == [], moved
+                for says in (False, True):  # (each rank's input read whole by the other)
+                    sharing.shares = lambda: says
+                    moved.clear()
+                    got = comm.all_reduce(mine)
+                    numpy.testing.assert_array_equal(got, everyone[0] + everyone[1])
+                    assert moved == ([("read", nbytes)] if says and shared else []), moved
         # A mismatch (the dtypes differ): rank 1 asked, and withdraws its ask without lending
         # its buffer, since rank 0 raises too, having written nothing; the next call is right.
         sharing.shares = lambda: True

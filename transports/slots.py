@@ -94,7 +94,11 @@ the areas it took 196-208 (MPICH's 125-143), a 1 MiB gather 81-83 against 103-12
 84-96). A gather's root that copied its own block after the exchange, reading half of its
 peer's, took 79 us where that peer's write of its half ended at 57 (a timeline of one
 call); copying its block meanwhile, with 5/8 written by the peer, 79 -> 72-75 us in the
-benchmark (README, "Messages readied once").
+benchmark (README, "Messages readied once"). Any other input on two ranks that is not read in
+place already (an all-reduce's, a reduce's other rank's) is left where it lies while `Sharing`
+says so, its reader reading it whole (`process_vm_readv`), and else goes through the area,
+the copy timed for `Sharing`: in a slow spell a 1 MiB all-reduce so took 221-253 us where
+through the areas it took 307-314 (MPICH's 351-398; a timed loop of calls).
 
 Forwarded results. A ring all-reduce's last reduce-scatter step and its first all-gather
 step (`reduce_forward`) are fused where direct reads are, every rank has a core, and every
@@ -452,8 +456,9 @@ class Roads:
 
 class Sharing:
     """Whether an owner that may share its one-shot input shares it now, or copies it into its
-    area as a smaller one goes (see "Shared inputs"); and whether a one-way message below
-    DIRECT_BYTES is shared, or goes through the slots (see "Shared copies").
+    area as a smaller one goes (see "Shared inputs"), and the same for one it may leave where it
+    lies (an all-reduce's); and whether a one-way message below DIRECT_BYTES is shared, or goes
+    through the slots (see "Shared copies").
 
     Neither way always wins on one machine. Through the area, the owner copies the input in and
     its reader copies it out; those copies run out of the caches and win while the two cores
@@ -1519,17 +1524,24 @@ class SlotTransport(Transport):
             whole, self._copied_whole = self._copied_whole, False
             alongside, self._alongside = self._alongside, None
             gauged = offers and whole and not word & REGISTERED  # (`Sharing` chooses)
+            overlaps = into_at is not None and into_at < ours_at + nbytes \
+                and ours_at < into_at + into.nbytes
+            # Any other input of ours on two ranks (an all-reduce's, a reduce's) is left where
+            # it lies, for its reader to read directly, while `Sharing` says so (see "Shared
+            # inputs"); else it goes through our area, the copy timed for `Sharing`.
+            left = shares and not gauged and not by_address and not word & REGISTERED \
+                and not overlaps
             if unread:  # none takes it: nothing to say where it lies, none to wait for
                 word = 0
             elif gauged and sharing.shares():
                 word |= SHARED  # read where it lies, half of it written by us if asked
-            elif gauged or not by_address and (not word & REGISTERED or into_at is not None
-                                               and into_at < ours_at + nbytes
-                                               and ours_at < into_at + into.nbytes):
+            elif left and sharing.shares():
+                pass  # read where it lies
+            elif gauged or left or not by_address and (not word & REGISTERED or overlaps):
                 # Through our area (where we place what we take over `buf` too): none waits.
                 started = time.perf_counter()
                 ctypes.memmove(areas_at[parity][rank], ours_at, nbytes)
-                if gauged:  # (the copy timed for `Sharing`)
+                if gauged or left:  # (the copy timed for `Sharing`)
                     sharing.took(time.perf_counter() - started, nbytes)
                 word = 0
             if into is not None and into.nbytes == alone_length:
