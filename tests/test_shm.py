@@ -432,9 +432,9 @@ def shared_inputs_scenario() -> None:
     (here, always): a broadcast's root and a gather's other rank write half of their input into
     a reader that places it, which reads the rest; a gather's root that copies its own block
     meanwhile (`alongside`) asks for ALONGSIDE_EIGHTHS of it instead; a reader that does not
-    place it (the lane's gather in place) reads it all. Inputs that are reduced (a reduce's, an
-    all-reduce's) are left where they lie, and read whole; smaller ones go through the areas,
-    and so do all when `Sharing` says not to. By the lane and the general path, from either
+    place it (the lane's gather in place) reads it all. An all-reduce's inputs are left where
+    they lie, and read whole; a reduce's, and smaller ones, go through the areas, and so do all
+    when `Sharing` says not to. By the lane and the general path, from either
     root, against NumPy, with the reads and writes counted. Then a reader whose owner has not
     come gives up: it withdraws its ask, so that the owner, come late, writes nothing, and it
     keeps the buffer it lent."""
@@ -486,9 +486,8 @@ def shared_inputs_scenario() -> None:
                     assert moved == (whole if not general else split), (why, moved)
                     if rank == root:
                         numpy.testing.assert_array_equal(result, numpy.stack(everyone))
-                    got = run("reduce", mine)  # left where it lies: read whole, not shared
-                    assert moved == ([("read", nbytes)] if shared and not owner else []), \
-                        (why, moved)
+                    got = run("reduce", mine)  # through the area: reduced, taking nothing
+                    assert moved == [], (why, moved)
                     if rank == root:
                         numpy.testing.assert_array_equal(got, everyone[0] + everyone[1])
                     sharing.shares = lambda: False

@@ -94,11 +94,13 @@ the areas it took 196-208 (MPICH's 125-143), a 1 MiB gather 81-83 against 103-12
 84-96). A gather's root that copied its own block after the exchange, reading half of its
 peer's, took 79 us where that peer's write of its half ended at 57 (a timeline of one
 call); copying its block meanwhile, with 5/8 written by the peer, 79 -> 72-75 us in the
-benchmark (README, "Messages readied once"). Any other input on two ranks that is not read in
-place already (an all-reduce's, a reduce's other rank's) is left where it lies while `Sharing`
-says so, its reader reading it whole (`process_vm_readv`), and else goes through the area,
-the copy timed for `Sharing`: in a slow spell a 1 MiB all-reduce so took 221-253 us where
-through the areas it took 307-314 (MPICH's 351-398; a timed loop of calls).
+benchmark (README, "Messages readied once"). On two ranks, the input of an owner that takes
+its peer's too, not read in place already (an all-reduce's), is left where it lies while
+`Sharing` says so, its reader reading it whole (`process_vm_readv`) while the owner reads the
+reader's, and else goes through the area, the copy timed for `Sharing`: in a slow spell a 1 MiB
+all-reduce so took 221-229 us where through the areas it took 300-305 (MPICH's 337-361;
+README, "Messages readied once"). A reduce's other rank, which takes nothing, keeps its area:
+left in place, its root's direct read cost a 1 MiB reduce 222-244 us against 202-213.
 
 Forwarded results. A ring all-reduce's last reduce-scatter step and its first all-gather
 step (`reduce_forward`) are fused where direct reads are, every rank has a core, and every
@@ -1526,10 +1528,10 @@ class SlotTransport(Transport):
             gauged = offers and whole and not word & REGISTERED  # (`Sharing` chooses)
             overlaps = into_at is not None and into_at < ours_at + nbytes \
                 and ours_at < into_at + into.nbytes
-            # Any other input of ours on two ranks (an all-reduce's, a reduce's) is left where
-            # it lies, for its reader to read directly, while `Sharing` says so (see "Shared
-            # inputs"); else it goes through our area, the copy timed for `Sharing`.
-            left = shares and not gauged and not by_address and not word & REGISTERED \
+            # On two ranks, the input of an owner that takes its peer's too (an all-reduce's) is
+            # left where it lies, for its reader to read directly, while `Sharing` says so (see
+            # "Shared inputs"); else it goes through our area, the copy timed for `Sharing`.
+            left = shares and not offers and not by_address and not word & REGISTERED \
                 and not overlaps
             if unread:  # none takes it: nothing to say where it lies, none to wait for
                 word = 0
