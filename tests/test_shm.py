@@ -432,12 +432,12 @@ def shared_inputs_scenario() -> None:
     (here, always): a broadcast's root and a gather's other rank write half of their input into
     a reader that places it, which reads the rest; a gather's root that copies its own block
     meanwhile (`alongside`) asks for ALONGSIDE_EIGHTHS of it instead; a reader that does not
-    place it (the lane's gather in place) reads it all. An all-reduce's inputs are left where
-    they lie, and read whole; a reduce's, and smaller ones, go through the areas, and so do all
-    when `Sharing` says not to. By the lane and the general path, from either
-    root, against NumPy, with the reads and writes counted. Then a reader whose owner has not
-    come gives up: it withdraws its ask, so that the owner, come late, writes nothing, and it
-    keeps the buffer it lent."""
+    place it (the lane's gather in place) reads it all. An all-reduce's inputs of more than
+    LEFT_BYTES are left where they lie, and read whole; a reduce's, and smaller ones, go
+    through the areas, and so do all that `Sharing` chooses for when it says not to share. By
+    the lane and the general path, from either root, against NumPy, with the reads and writes
+    counted. Then a reader whose owner has not come gives up: it withdraws its ask, so that the
+    owner, come late, writes nothing, and it keeps the buffer it lent."""
     from mpi4py import MPI
 
     from transports import slots
@@ -500,12 +500,13 @@ def shared_inputs_scenario() -> None:
                     assert moved == [], (why, moved)
                     if rank == root:
                         numpy.testing.assert_array_equal(result, numpy.stack(everyone))
-                for says in (False, True):  # (each rank's input read whole by the other)
+                for says in (False, True):  # (left where it lies, whatever `Sharing` says)
                     sharing.shares = lambda: says
                     moved.clear()
                     got = comm.all_reduce(mine)
                     numpy.testing.assert_array_equal(got, everyone[0] + everyone[1])
-                    assert moved == ([("read", nbytes)] if says and shared else []), moved
+                    assert moved == ([("read", nbytes)] if nbytes > slots.LEFT_BYTES else []), \
+                        moved
         # A mismatch (the dtypes differ): rank 1 asked, and withdraws its ask without lending
         # its buffer, since rank 0 raises too, having written nothing; the next call is right.
         sharing.shares = lambda: True

@@ -94,13 +94,11 @@ the areas it took 196-208 (MPICH's 125-143), a 1 MiB gather 81-83 against 103-12
 84-96). A gather's root that copied its own block after the exchange, reading half of its
 peer's, took 79 us where that peer's write of its half ended at 57 (a timeline of one
 call); copying its block meanwhile, with 5/8 written by the peer, 79 -> 72-75 us in the
-benchmark (README, "Messages readied once"). On two ranks, the input of an owner that takes
-its peer's too, not read in place already (an all-reduce's), is left where it lies while
-`Sharing` says so, its reader reading it whole (`process_vm_readv`) while the owner reads the
-reader's, and else goes through the area, the copy timed for `Sharing`: in a slow spell a 1 MiB
-all-reduce so took 221-229 us where through the areas it took 300-305 (MPICH's 337-361;
-README, "Messages readied once"). A reduce's other rank, which takes nothing, keeps its area:
-left in place, its root's direct read cost a 1 MiB reduce 222-244 us against 202-213.
+benchmark (README, "Messages readied once"). On two ranks, the input of more than LEFT_BYTES
+of an owner that takes its peer's too, not read in place already (an all-reduce's), is left
+where it lies, its reader reading it whole (`process_vm_readv`) while the owner reads the
+reader's. A reduce's other rank, which takes nothing, keeps its area: left in place, its
+root's direct read cost a 1 MiB reduce 222-244 us against 202-213 (a slow spell).
 
 Forwarded results. A ring all-reduce's last reduce-scatter step and its first all-gather
 step (`reduce_forward`) are fused where direct reads are, every rank has a core, and every
@@ -290,6 +288,12 @@ SHARED = 1 << 61
 # else for half. Its landing word says how many, above the address (LANDING_BITS).
 ALONGSIDE_EIGHTHS = 5
 LANDING_BITS = 56
+# On two ranks with a core each, a one-shot input of more than this whose owner takes its
+# peer's too (an all-reduce's) is left where it lies and read directly (see "Shared inputs"):
+# measured with 1 MiB all-reduces, 274-296 us against 318-341 through the areas in a fast
+# spell, 221-253 against 307-314 in a slow one; with 512 KiB ones the areas, which then fit
+# a core's cache, won in the fast spell (72-79 us against 111-122) and lost in the slow one.
+LEFT_BYTES = 512 << 10
 
 
 class MemoryKind(Protocol):
@@ -458,9 +462,8 @@ class Roads:
 
 class Sharing:
     """Whether an owner that may share its one-shot input shares it now, or copies it into its
-    area as a smaller one goes (see "Shared inputs"), and the same for one it may leave where it
-    lies (an all-reduce's); and whether a one-way message below DIRECT_BYTES is shared, or goes
-    through the slots (see "Shared copies").
+    area as a smaller one goes (see "Shared inputs"); and whether a one-way message below
+    DIRECT_BYTES is shared, or goes through the slots (see "Shared copies").
 
     Neither way always wins on one machine. Through the area, the owner copies the input in and
     its reader copies it out; those copies run out of the caches and win while the two cores
@@ -1507,6 +1510,10 @@ class SlotTransport(Transport):
         # a reader that takes its peer's whole input, into place, asks.
         shares = self.shares_inputs_from is not None and nbytes >= self.shares_inputs_from
         offers = shares and not landing
+        # On two ranks, an owner that takes its peer's input too (an all-reduce's), of more
+        # than LEFT_BYTES, leaves its own where it lies for its peer to read directly, while
+        # it reads the peer's (see "Shared inputs").
+        leaves = shares and bool(landing) and nbytes > LEFT_BYTES
         asker = wanted[0] if shares and len(landing) == 1 and wanted \
             and wanted[0][2] == nbytes else None
         sharing = self.sharing
@@ -1527,23 +1534,17 @@ class SlotTransport(Transport):
             alongside, self._alongside = self._alongside, None
             gauged = offers and whole and not word & REGISTERED  # (`Sharing` chooses)
             overlaps = into_at is not None and into_at < ours_at + nbytes \
-                and ours_at < into_at + into.nbytes
-            # On two ranks, the input of an owner that takes its peer's too (an all-reduce's) is
-            # left where it lies, for its reader to read directly, while `Sharing` says so (see
-            # "Shared inputs"); else it goes through our area, the copy timed for `Sharing`.
-            left = shares and not offers and not by_address and not word & REGISTERED \
-                and not overlaps
+                and ours_at < into_at + into.nbytes  # (what lands would change ours)
             if unread:  # none takes it: nothing to say where it lies, none to wait for
                 word = 0
             elif gauged and sharing.shares():
                 word |= SHARED  # read where it lies, half of it written by us if asked
-            elif left and sharing.shares():
-                pass  # read where it lies
-            elif gauged or left or not by_address and (not word & REGISTERED or overlaps):
+            elif gauged or not by_address and (overlaps or not word & REGISTERED
+                                               and not leaves):
                 # Through our area (where we place what we take over `buf` too): none waits.
                 started = time.perf_counter()
                 ctypes.memmove(areas_at[parity][rank], ours_at, nbytes)
-                if gauged or left:  # (the copy timed for `Sharing`)
+                if gauged:  # (the copy timed for `Sharing`)
                     sharing.took(time.perf_counter() - started, nbytes)
                 word = 0
             if into is not None and into.nbytes == alone_length:
