@@ -75,13 +75,13 @@ DIRECT_BYTES a message is shared only while `Sharing` says so (in a fast spell t
 copies, in the caches, may win), and else goes through the slots, its copies into them timed
 for `Sharing`. A receiver that reduces the message asks for no part, and reads it all.
 
-Shared inputs. The one-shot exchange shares a copy the same way, on two ranks with a core
-each, for inputs of SHARED_BYTES or more of a call that names what each rank takes (`reads`):
-an owner that takes nothing (a broadcast's root, a gather's other rank) marks its address
-word SHARED instead of copying its input into its area. Its reader, where it takes that whole
-input into place (`into`: a broadcast's buffer, a gather's result), first asks, in its share
-line for the owner, with the turn, where the input lands, and how much of it the owner is to
-write: half, or ALONGSIDE_EIGHTHS eighths where the reader has work of its own to make meanwhile
+Shared inputs. The one-shot exchange shares a copy the same way, on two ranks with a core each,
+for inputs of SHARED_BYTES or more of a call that names what each rank takes (`reads`): an
+owner that takes nothing (a broadcast's root, a gather's other rank) marks its address word
+SHARED instead of copying its input into its area. Its reader, where it takes that whole input
+into place (`into`: a broadcast's buffer, a gather's result), first asks, in its share line for
+the owner, with the turn, where the input lands, and how much of it the owner is to write:
+half, or ALONGSIDE_EIGHTHS eighths where the reader has work of its own to make meanwhile
 (`alongside`: a gather's root copying its block). Then it publishes. Once both have published
 and the lines agree, the owner writes that part there (`process_vm_writev`) and says so in its
 share line, while the reader makes its work and reads the rest; the owner returns once the
@@ -92,13 +92,13 @@ that does not ask reads it all. Only an input that its reader copies whole is of
 (README, "One-way copies shared by both ends"): a 1 MiB broadcast took 84-104 us where through
 the areas it took 196-208 (MPICH's 125-143), a 1 MiB gather 81-83 against 103-120 (MPICH's
 84-96). A gather's root that copied its own block after the exchange, reading half of its
-peer's, took 79 us where that peer's write of its half ended at 57 (a timeline of one
-call); copying its block meanwhile, with 5/8 written by the peer, 79 -> 72-75 us in the
-benchmark (README, "Messages readied once"). On two ranks, the input of more than LEFT_BYTES
-of an owner that takes its peer's too, not read in place already (an all-reduce's), is left
-where it lies, its reader reading it whole (`process_vm_readv`) while the owner reads the
-reader's. A reduce's other rank, which takes nothing, keeps its area: left in place, its
-root's direct read cost a 1 MiB reduce 222-244 us against 202-213 (a slow spell).
+peer's, took 79 us where that peer's write of its half ended at 57 (a timeline of one call);
+copying its block meanwhile, with 5/8 written by the peer, 79 -> 72-75 us in the benchmark
+(README, "Messages readied once"). On two ranks, the input of more than LEFT_BYTES of an owner
+that takes its peer's whole input too (an all-reduce's), is left where it lies, its reader
+reading it whole (`process_vm_readv`) while the owner reads the reader's. A reduce's other
+rank, which takes nothing, keeps its area: left in place, its root's direct read cost a 1 MiB
+reduce 222-244 us against 202-213 (a slow spell).
 
 Forwarded results. A ring all-reduce's last reduce-scatter step and its first all-gather
 step (`reduce_forward`) are fused where direct reads are, every rank has a core, and every
@@ -289,10 +289,11 @@ SHARED = 1 << 61
 ALONGSIDE_EIGHTHS = 5
 LANDING_BITS = 56
 # On two ranks with a core each, a one-shot input of more than this whose owner takes its
-# peer's too (an all-reduce's) is left where it lies and read directly (see "Shared inputs"):
-# measured with 1 MiB all-reduces, 274-296 us against 318-341 through the areas in a fast
-# spell, 221-253 against 307-314 in a slow one; with 512 KiB ones the areas, which then fit
-# a core's cache, won in the fast spell (72-79 us against 111-122) and lost in the slow one.
+# peer's whole input too (an all-reduce's) is left where it lies and read directly (see "Shared
+# inputs"): measured with 1 MiB all-reduces, 274-296 us against 318-341 through the areas in a
+# fast spell, 221-253 against 307-314 in a slow one; with 512 KiB ones the areas, which then
+# fit a core's cache, won in the fast spell (72-79 us against 111-122) and lost in the slow
+# one.
 LEFT_BYTES = 512 << 10
 
 
@@ -1510,12 +1511,13 @@ class SlotTransport(Transport):
         # a reader that takes its peer's whole input, into place, asks.
         shares = self.shares_inputs_from is not None and nbytes >= self.shares_inputs_from
         offers = shares and not landing
-        # On two ranks, an owner that takes its peer's input too (an all-reduce's), of more
-        # than LEFT_BYTES, leaves its own where it lies for its peer to read directly, while
-        # it reads the peer's (see "Shared inputs").
-        leaves = shares and bool(landing) and nbytes > LEFT_BYTES
         asker = wanted[0] if shares and len(landing) == 1 and wanted \
             and wanted[0][2] == nbytes else None
+        # On two ranks, an owner that takes its peer's whole input (an all-reduce's), of more
+        # than LEFT_BYTES, leaves its own where it lies for its peer to read directly, while
+        # it reads the peer's (see "Shared inputs"). (Other readers, which take a part of
+        # each input, read in place from `reads_inputs_from`, as they did.)
+        leaves = asker is not None and nbytes > LEFT_BYTES
         sharing = self.sharing
         peer = (rank + 1) % size  # (the only one, where inputs are shared)
         share = (self._share_line + peer) * WORDS  # our share line for it: words 4 to 6
