@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy
 
-from transports.base import MESSAGES, Transport
+from transports.base import MESSAGES, Transport, swapped_dtypes
 from transports.errors import MismatchError
 
 from .ops import OPS
@@ -201,8 +201,7 @@ def pair_said(n_sent: int, n_expected: int,
     message makes both in one go)."""
     c_sent, c_expected, dtypes = kind
     return ((MESSAGES, n_sent, n_expected, c_sent, c_expected, dtypes),
-            (MESSAGES, n_expected, n_sent, c_expected, c_sent,
-             (dtypes & 0xFFFFFFFF) << 32 | dtypes >> 32))
+            (MESSAGES, n_expected, n_sent, c_expected, c_sent, swapped_dtypes(dtypes)))
 
 
 def _describe(message: tuple[int, Any] | None) -> tuple[int, int, int]:
@@ -215,8 +214,7 @@ def _describe(message: tuple[int, Any] | None) -> tuple[int, int, int]:
 def mirrored(said: tuple[int, ...]) -> tuple[int, ...]:
     """What the peer says of the same messages when it agrees: sent and expected swapped."""
     word, n_sent, n_expected, c_sent, c_expected, dtypes = said
-    return (word, n_expected, n_sent, c_expected, c_sent,
-            (dtypes & 0xFFFFFFFF) << 32 | dtypes >> 32)
+    return (word, n_expected, n_sent, c_expected, c_sent, swapped_dtypes(dtypes))
 
 
 def pair_agree(transport: Transport, said: dict[int, tuple[int, ...]], dst: int | None,

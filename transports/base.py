@@ -56,6 +56,11 @@ MESSAGES = 1 << 62
 DEFAULT_TIMEOUT_S = 300.0
 
 
+def swapped_dtypes(dtypes: int) -> int:
+    """A point-to-point check's dtypes word (sent << 32 | expected) as its peer says it."""
+    return (dtypes & 0xFFFFFFFF) << 32 | dtypes >> 32
+
+
 def call_line(call: tuple[int, ...] | None, nbytes: int) -> memoryview:
     """A call's `CALL_LINE` (its descriptor, or NO_CALL, then `nbytes`), writable, as 8-byte
     words: lines are compared whole, and two lines of words compare in a third of the time

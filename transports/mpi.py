@@ -25,7 +25,7 @@ import numpy
 from mpi4py import MPI
 
 from .base import (CALL_LINE, MESSAGES, Exchange, Moved, Reads, ReduceOp, Transport, call_line,
-                   kept, segments)
+                   kept, segments, swapped_dtypes)
 from .bootstrap import duplicated, nodes, start
 from .cuda import copy_bytes, pinned_empty, use_gpu
 from .errors import CollectiveError, InvalidArgumentError
@@ -327,7 +327,7 @@ class MPITransport(Transport):
         if self.xp is not numpy or not 0 < sent_bytes <= most or not 0 < expected_bytes <= most:
             return None
         c_sent, c_expected, dtypes = kind
-        mirrored = (dtypes & 0xFFFFFFFF) << 32 | dtypes >> 32  # the peer's dtypes word
+        mirrored = swapped_dtypes(dtypes)  # the peer's dtypes word
 
         def step(mine: Any, into: Any, n_sent: int, n_expected: int) -> bool | tuple[int, ...]:
             return self.pair_message(

@@ -224,7 +224,7 @@ import numpy
 from mpi4py import MPI
 
 from .base import (CALL_WORDS, MESSAGES, Exchange, Moved, Reads, ReduceOp, Transport, call_line,
-                   kept)
+                   kept, swapped_dtypes)
 from .bootstrap import duplicated, on_one_node, start
 from .errors import CollectiveError, InvalidArgumentError, MismatchError, PeerFailedError
 from .shared_memory import (SHM_DIR, address_of, free_bytes, read_peer_bytes, share_regions,
@@ -1000,7 +1000,7 @@ class SlotTransport(Transport):
             return None
         c_sent, c_expected, dtypes = kind
         marked = MESSAGES | how
-        mirrored = (dtypes & 0xFFFFFFFF) << 32 | dtypes >> 32  # the peer's dtypes word
+        mirrored = swapped_dtypes(dtypes)  # the peer's dtypes word
         ours, theirs = self._own, self._ctl[peer]
         our_bytes, their_bytes = self._ctl_bytes[self.rank], self._ctl_bytes[peer]
         pairs = self._pairs
@@ -1223,7 +1223,7 @@ class SlotTransport(Transport):
         2 ranks in a slow spell, a gather's root took 1.4 ms to copy its own 8 MiB block while
         its peer waited, then 0.7 ms to share the peer's."""
         if self.shares_from is None or self._registered or src == self.rank \
-                or self._pending is None or getattr(buf, "nbytes", 0) < self.shares_from:
+                or self._pending is None or buf.nbytes < self.shares_from:
             super().recv_while(buf, src, meanwhile)
             return
         buf = self._check(buf, src)
@@ -1519,6 +1519,8 @@ class SlotTransport(Transport):
         # each input, read in place from `reads_inputs_from`, as they did.)
         leaves = asker is not None and nbytes > LEFT_BYTES
         sharing = self.sharing
+        # What a shared input's owner writes: half, or more where its reader has work meanwhile.
+        parts = {eighths: _sender_part(nbytes, eighths) for eighths in (4, ALONGSIDE_EIGHTHS)}
         peer = (rank + 1) % size  # (the only one, where inputs are shared)
         share = (self._share_line + peer) * WORDS  # our share line for it: words 4 to 6
         shared = (self._share_line + rank) * WORDS  # its for us, in its control lines
@@ -1560,7 +1562,7 @@ class SlotTransport(Transport):
             own[PUBLISHED * WORDS] = turn  # last: the line and the address are now visible
             try:
                 return take(buf, line, into, turn, parity, mine, their_lines, ours_at, into_at,
-                            word, unread, asks, alongside, _sender_part(nbytes, eighths))
+                            word, unread, asks, alongside, parts[eighths])
             except BaseException as error:
                 if asks and own[share + 4] == turn:  # withdrawn
                     own[share + 4] = 0
