@@ -8,9 +8,17 @@ needs them. So the call starts with one exchange of a small description (`all_in
 root's says what each block is, the others' are blank. It is the exchange the call check
 needs anyway (it carries the call's descriptor), so describing costs no message of its own.
 A small buffer travels in it too, after the description (`inline_bytes`: about 3 KiB on a
-few ranks), and the call is that one exchange. A larger one goes by messages, and the root
-copies its own block while the peers take theirs (`Transport.isend`: a large block is left
-for its rank to read, so the two copies overlap).
+few ranks), and the call is that one exchange.
+
+A larger one, where the transport reaches its peers' memory (`Transport.one_sided`: shm with
+direct reads), moves one-sided: the root's description also says where its blocks lie
+(`Transport.locate`), and each rank copies its own straight out of the root's buffer
+(`Transport.get`) while the root copies its own block; a barrier then says every block has
+been taken, and the root may return. No message is announced, found and answered for each
+block: measured (README, "A scatter's blocks moved one-sided"), a 1 MiB scatter took about
+0.85x the time on 2 ranks, and half on 4 sharing 2 cores. Elsewhere the blocks go by
+messages, and the root copies its own block while the peers take theirs (`Transport.isend`:
+a large block is left for its rank to read, so the two copies overlap).
 
 A rank whose buffer does not fit the description still drains its block (no sender is left
 hanging) before it raises. Uneven blocks (`counts`, MPI's Scatterv) go the same way: the
@@ -30,6 +38,9 @@ import numpy
 from transports.base import Transport
 
 LENGTH = struct.Struct("<Q")  # a description starts with the length of its JSON text
+# The last word of a description's room: where the root's blocks lie, for its peers to get
+# theirs one-sided (`Transport.locate`).
+WHERE = struct.Struct("<Q")
 # A description fills at least this: the smallest exchange a transport makes in one step (a
 # page, slots.py's one-shot area at its smallest). What its JSON leaves of it carries a
 # small scatter's blocks.
@@ -40,6 +51,11 @@ def description_bytes(size: int) -> int:
     """Where the blocks start in a description on `size` ranks: after room for a shape, a
     dtype and a count per rank. Every rank works it out alike, as an exchange needs."""
     return 1024 + 24 * size
+
+
+def where_at(size: int) -> int:
+    """Where a description's WHERE word lies on `size` ranks: the last of its room."""
+    return description_bytes(size) - WHERE.size
 
 
 def inline_bytes(size: int) -> int:
@@ -58,7 +74,7 @@ def describe(shape: tuple[int, ...] | None, counts: tuple[int, ...] | None, dtyp
     fields = {"dtype": dtype, "shape": shape} if counts is None else \
         {"dtype": dtype, "counts": counts}
     text = json.dumps(fields).encode()
-    if LENGTH.size + len(text) > room:
+    if LENGTH.size + len(text) > where_at(size):
         raise ValueError(f"scatter: cannot describe blocks of shape {shape} in {room} bytes")
     description = numpy.zeros(room + inline_bytes(size), numpy.uint8)
     LENGTH.pack_into(description, 0, len(text))
@@ -106,12 +122,19 @@ def scatter_from_root(transport: Transport, flat: Any | None, bounds: list[tuple
         return receive_described(transport, said, root, receive_into)
     description = describe(shape, counts, flat.dtype.str, size)
     inline = flat.nbytes <= inline_bytes(size)
-    if inline:
+    one_sided = not inline and transport.one_sided
+    if inline or one_sided:
         description = xp.array(description)  # a copy (descriptions are kept), on flat's device
+    if inline:
         room = description_bytes(size)
         description[room:room + flat.nbytes] = flat.view(xp.uint8)
+    elif one_sided:
+        WHERE.pack_into(description, where_at(size), transport.locate(flat))
     _describing(transport, xp.asarray(description))
     target = receive_into(shape if counts is None else (counts[root],), flat.dtype)
+    if one_sided:
+        give_blocks(transport, flat, bounds, root, target)
+        return target
     if not inline:
         send_blocks(transport, flat, bounds, root, target)
         return target
@@ -138,10 +161,41 @@ def send_blocks(transport: Transport, flat: Any, bounds: list[tuple[int, int]], 
         wait()
 
 
+def give_blocks(transport: Transport, flat: Any, bounds: list[tuple[int, int]], root: int,
+                own: Any) -> None:
+    """The root's side of blocks moved one-sided (its description said where `flat` lies):
+    each block counted as sent, its own copied into `own` while each peer gets its own, then
+    the barrier, after which every peer has its block and `flat` may change."""
+    size = transport.size
+    for step in range(1, size):
+        peer = (root + step) % size
+        block = flat[slice(*bounds[peer])]
+        if block.size:
+            transport.at("scatter", step - 1)
+            transport.count(block, peer, None, None)
+    own[...] = flat[slice(*bounds[root])].reshape(own.shape)
+    transport.barrier()
+
+
+def take_block(transport: Transport, said: Any, root: int, offset: int,
+               target: Any | None) -> None:
+    """A rank's side of blocks moved one-sided: its block copied into `target` straight out of
+    the root's buffer, `offset` bytes on from where the root's description `said` says the
+    blocks lie; then the barrier. A `target` None (the block does not fit) takes nothing, and
+    still meets the barrier, so that the root returns."""
+    transport.at("scatter", (transport.rank - root) % transport.size - 1)
+    if target is not None and target.size:
+        where, = WHERE.unpack_from(said, where_at(transport.size))
+        transport.get(root, where, offset, target)
+        transport.count(None, None, target, root)
+    transport.barrier()
+
+
 def receive_described(transport: Transport, said: Any, root: int,
                       receive_into: Callable[[tuple[int, ...], Any], Any]) -> Any:
     """A rank's block, given the root's description `said`: taken out of it (a small
-    scatter), or received from the root. Returns the flat array `receive_into` gave."""
+    scatter), got one-sided (`take_block`), or received from the root. Returns the flat array
+    `receive_into` gave."""
     xp, size = transport.xp, transport.size
     raw = said.get() if hasattr(said, "get") else said  # CuPy -> NumPy
     length, = LENGTH.unpack_from(raw)
@@ -151,7 +205,9 @@ def receive_described(transport: Transport, said: Any, root: int,
         target, problem = receive_into(shape, dtype), None
     except (ValueError, TypeError) as error:
         target, problem = xp.empty(math.prod(shape), dtype), error
-    if total > inline_bytes(size):  # a message follows: taken even when it does not fit
+    if total > inline_bytes(size) and transport.one_sided:
+        take_block(transport, raw, root, offset, None if problem else target)
+    elif total > inline_bytes(size):  # a message follows: taken even when it does not fit
         transport.at("scatter", (transport.rank - root) % size - 1)
         transport.recv(target, root)
     elif problem is None:

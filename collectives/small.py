@@ -57,8 +57,8 @@ from .blocks import equal, every_input, from_root, own_blocks, peers_inputs, to_
 from .check import MessagesDiffer, judge_pair, pair_kind, pair_said
 from .point_to_point import MessageName
 from .scan import finish, prefix
-from .scatter import (LENGTH, blank, describe, description_bytes, inline_bytes,
-                      receive_described, send_blocks)
+from .scatter import (LENGTH, WHERE, blank, describe, description_bytes, give_blocks,
+                      inline_bytes, receive_described, send_blocks, take_block, where_at)
 
 KINDS_KEPT = 64  # kinds of call remembered; more means a sweep of sizes, so start again
 # The blocks of an all-to-all, an all-gather or a gather from this size are placed where they
@@ -66,6 +66,8 @@ KINDS_KEPT = 64  # kinds of call remembered; more means a sweep of sizes, so sta
 # read in place"); below it, a few views cost a call more than its data.
 PLACED_BYTES = 64 << 10
 GENERAL = object()  # what a lane returns for a call it leaves to the general path
+# How a lane's scatter moves its blocks: inside its description, one-sided, or as messages.
+INLINE, ONE_SIDED, MESSAGES = object(), object(), object()
 
 
 def small_all_reduce(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, op: str) -> Any:
@@ -283,9 +285,10 @@ def small_scatter(comm: Any, sendbuf: Any | None, recvbuf: Any | None, root: int
     """`comm.scatter(sendbuf, recvbuf, root)` by the lane, or GENERAL: a scatter of blocks
     each rank knows the shape of (a recvbuf off the root). The root publishes the description
     (scatter.py), with the blocks in it when they fit, and each rank takes its own from there;
-    larger blocks follow as messages, the root copying its own block while its peers take
-    theirs. A description other than the one expected (the root's blocks differ) is read as
-    the general path reads it."""
+    larger blocks move one-sided where the transport can (each rank gets its own from where
+    the description says they lie), else follow as messages, the root copying its own block
+    while its peers take theirs. A description other than the one expected (the root's blocks
+    differ) is read as the general path reads it."""
     transport = comm._transport
     size, rank = transport.size, transport.rank
     mine = sendbuf if rank == root else recvbuf
@@ -297,41 +300,48 @@ def small_scatter(comm: Any, sendbuf: Any | None, recvbuf: Any | None, root: int
         if not _in_blocks(comm, mine) or (recvbuf is not None and not _fits(
                 recvbuf, block, mine.dtype)):
             return GENERAL
-        inline = mine.nbytes <= inline_bytes(size)
-        if not inline and recvbuf is not None and numpy.may_share_memory(recvbuf, mine):
-            return GENERAL  # its block would be written while its peers read theirs
     elif not mine.flags.writeable:
         return GENERAL
     else:
         block = mine.shape
-        inline = size * mine.nbytes <= inline_bytes(size)
     key = ("scatter", root, mine.dtype, block)
-    publish, expected, exchange = comm._small_calls.get(key) or _learn_scatter(
-        comm, key, root, block, mine.dtype, inline)
-    room = description_bytes(size)
+    publish, expected, exchange, way = comm._small_calls.get(key) or _learn_scatter(
+        comm, key, root, block, mine.dtype)
     if rank == root:
-        if inline:
+        if way is not INLINE and recvbuf is not None and numpy.may_share_memory(recvbuf, mine):
+            return GENERAL  # its block would be written while its peers read theirs
+        if way is INLINE:
+            room = description_bytes(size)
             publish[room:room + mine.nbytes] = mine.reshape(-1).view(numpy.uint8)
+        elif way is ONE_SIDED:
+            WHERE.pack_into(publish, where_at(size), transport.locate(mine))
         _exchange(comm, exchange, publish)
         result = numpy.empty(block, mine.dtype) if recvbuf is None else recvbuf
-        if inline:
+        if way is INLINE:
             result[...] = mine[root]
+            return result
+        bounds = equal(math.prod(block), size)
+        if way is ONE_SIDED:
+            _messages(comm, lambda: give_blocks(transport, mine.reshape(-1), bounds, root,
+                                                result))
         else:
-            bounds = equal(math.prod(block), size)
             _messages(comm, lambda: send_blocks(transport, mine.reshape(-1), bounds, root,
                                                 result))
         return result
+    flat = mine.reshape(-1)
     said = _exchange(comm, exchange, publish)[root]
     if said[:len(expected)].tobytes() != expected:
         _messages(comm, lambda: receive_described(
             transport, said, root,
             lambda shape, dtype: output(mine, shape, dtype, numpy).reshape(-1)))
-    elif inline:
-        start = room + rank * mine.nbytes
-        mine.reshape(-1).view(numpy.uint8)[...] = said[start:start + mine.nbytes]
+    elif way is INLINE:
+        start = description_bytes(size) + rank * mine.nbytes
+        flat.view(numpy.uint8)[...] = said[start:start + mine.nbytes]
+    elif way is ONE_SIDED:
+        _messages(comm, lambda: take_block(transport, said, root, rank * mine.nbytes, flat))
     else:
         transport.at("scatter", (rank - root) % size - 1)
-        _messages(comm, lambda: transport.recv(mine.reshape(-1), root))
+        _messages(comm, lambda: transport.recv(flat, root))
     return mine
 
 
@@ -508,23 +518,27 @@ def _learn(comm: Any, key: tuple, collective: str, sendbuf: numpy.ndarray,
 
 
 def _learn_scatter(comm: Any, key: tuple, root: int, block: tuple[int, ...],
-                   dtype: numpy.dtype, inline: bool) -> tuple[numpy.ndarray, bytes, Any]:
+                   dtype: numpy.dtype) -> tuple[numpy.ndarray, bytes, Any, object]:
     """What the lane keeps of a kind of scatter (`key`): what this rank publishes (the root:
-    its description, with room for the blocks written each call; the others: nothing), the
-    description the root gives when the blocks are as this rank expects them, and the
-    exchange, prepared as the general path makes it (uncounted there: each block counts, in
-    the exchange when `inline`, else as its message goes)."""
+    its description, with room for the blocks, or where they lie, written each call; the
+    others: nothing), the description the root gives when the blocks are as this rank expects
+    them, the exchange, prepared as the general path makes it (uncounted there: each block
+    counts, in the exchange when inline, else as it moves), and the way the blocks go
+    (INLINE, ONE_SIDED or MESSAGES, as the general path chooses)."""
     transport = comm._transport
     if len(comm._small_calls) >= KINDS_KEPT:
         comm._small_calls.clear()
+    nbytes = math.prod(block) * dtype.itemsize
+    way = INLINE if transport.size * nbytes <= inline_bytes(transport.size) else \
+        ONE_SIDED if transport.one_sided else MESSAGES
     described = describe(block, None, dtype.str, transport.size)
     length = LENGTH.size + LENGTH.unpack_from(described)[0]
     publish = described.copy() if transport.rank == root else blank(transport.size)
     call = comm._descriptor("scatter", -1, None, root=root) if comm._checking else None
     exchange = transport.prepare_all_inputs(
         publish.shape, publish.dtype, "scatter", call,
-        _one_way(comm, root, math.prod(block) * dtype.itemsize, False) if inline else [])
-    kind = comm._small_calls[key] = (publish, described[:length].tobytes(), exchange)
+        _one_way(comm, root, nbytes, False) if way is INLINE else [])
+    kind = comm._small_calls[key] = (publish, described[:length].tobytes(), exchange, way)
     return kind
 
 

@@ -740,9 +740,8 @@ def direct_scenario() -> None:
             blocks = numpy.stack([mine + r * 0.5 for r in range(size)])  # own, whole
             got = comm.scatter(blocks, root=0)
             numpy.testing.assert_array_equal(got, mine - rank + rank * 0.5)
-            assert moved == ([("read", nbytes)] if rank and nbytes >= transport.isends_read_from
-                             else []), \
-                moved
+            assert moved == ([("read", nbytes)] if rank and (
+                transport.one_sided or nbytes >= transport.isends_read_from) else []), moved
             moved.clear()  # reduced, then its chunks gathered: shared half and half (the
             transport.sharing.shares = lambda: True  # root has no block of its own to copy)
             got = comm.reduce(mine, root=0)
@@ -755,9 +754,10 @@ def direct_scenario() -> None:
                 assert moved == ([("write", chunk // 2 // 64 * 64)] if rank == 1
                                  else [("read", chunk - chunk // 2 // 64 * 64)]), moved
             gathered_while_written(comm, mine, moved)
-        # A scatter's blocks of a segment and of more than a segment: through the slots, the
-        # receiver taking the first by its short way (`_take`), and read in place; by the lane
-        # (a recvbuf given) and by the general path.
+        # A scatter's blocks of a segment and of more than a segment: each got one-sided (a
+        # direct read) where direct reads work; else through the slots, the receiver taking
+        # the first by its short way (`_take`), and read in place; by the lane (a recvbuf
+        # given) and by the general path.
         for block in (numpy.arange(transport.slot_bytes // 8, dtype=float) * size,
                       numpy.arange(transport.slot_bytes // 8 + 8, dtype=float) * size):
             for recvbuf in (numpy.empty_like(block), None):
@@ -765,8 +765,9 @@ def direct_scenario() -> None:
                 got = comm.scatter(numpy.stack([block + r for r in range(size)]) if rank == 0
                                    else None, recvbuf if rank else None, root=0)
                 numpy.testing.assert_array_equal(got, block + rank)
-                assert moved == ([("read", block.nbytes)] if rank and block.nbytes
-                                 >= transport.isends_read_from else []), moved
+                assert moved == ([("read", block.nbytes)] if rank and (
+                    transport.one_sided or block.nbytes >= transport.isends_read_from)
+                    else []), moved
         transport.pairs_read_from = pairs_read_from
         if size == 2 and pairs_read_from is not None:  # a pair's 1 MiB: read in place
             mine = numpy.arange(1 << 17, dtype=float) + rank
@@ -1193,6 +1194,66 @@ def test_a_mismatch_found_in_the_first_exchange_withdraws_what_was_published(ran
     assert_gone(regions_of(job.stdout))
 
 
+def one_sided_scatter_scenario() -> None:
+    """A scatter's blocks moved one-sided (collectives/scatter.py): each rank but the root
+    reads its own block straight out of the root's buffer, once, and sends or announces no
+    message; by the lane (a recvbuf given) and by the general path, from every root, uneven
+    blocks too, empty ones among them, and from registered memory (copied out of the root's
+    mapping: no read). A rank whose recvbuf does not fit raises, having met its peers at the
+    barrier, and the communicator goes on. `stats` counts each block once, sent and received."""
+    from transports import slots
+
+    os.environ["RINGCC_SINGLE_COPY"] = "1"
+    with collectives.init("shm", timeout=30) as comm:
+        rank, size, transport = comm.rank, comm.size, comm._transport
+        assert transport.one_sided == transport.single_copy
+        if not transport.one_sided:
+            print("one-sided: no direct reads here", flush=True)
+            return
+        moved: list[tuple[str, int]] = []
+        read = transport.memory.read
+        transport.memory.read = lambda pid, address, into: (moved.append(("read", into.nbytes)),
+                                                            read(pid, address, into))
+        block = 3000  # float64s: more than a description holds
+        for root in range(size):
+            blocks = numpy.arange(size * block, dtype=float).reshape(size, block) + root
+            for given in (True, False):
+                moved.clear()
+                comm.stats.reset()
+                sent_before = list(transport._sent)
+                got = comm.scatter(blocks if rank == root else None,
+                                   numpy.empty(block) if given else None, root=root)
+                numpy.testing.assert_array_equal(got, blocks[rank])
+                assert moved == ([] if rank == root else [("read", block * 8)]), moved
+                assert transport._sent == sent_before  # no message, no slot
+                stats = comm.stats
+                assert (stats.bytes_sent, stats.bytes_received, stats.messages) == (
+                    ((size - 1) * block * 8, 0, size - 1) if rank == root
+                    else (0, block * 8, 0)), stats
+        counts = [0 if r == 1 else 1000 * (r + 1) for r in range(size)]
+        flat = numpy.arange(sum(counts), dtype=numpy.int32)
+        moved.clear()
+        got = comm.scatter(flat if rank == 0 else None, root=0, counts=counts)
+        numpy.testing.assert_array_equal(got, flat[sum(counts[:rank]):sum(counts[:rank + 1])])
+        assert moved == ([("read", counts[rank] * 4)] if rank and counts[rank] else []), moved
+        wrong = (block + 1,) if rank == size - 1 else (block,)
+        try:  # the last rank's recvbuf does not fit the root's blocks
+            comm.scatter(blocks if rank == 0 else None, numpy.empty(wrong), root=0)
+            said = None
+        except collectives.InvalidArgumentError as error:
+            said = str(error)
+        assert (said is None) == (rank != size - 1), said
+        registered = comm.empty((size, block))
+        registered[...] = blocks
+        moved.clear()
+        got = comm.scatter(registered if rank == 0 else None, numpy.empty(block), root=0)
+        numpy.testing.assert_array_equal(got, blocks[rank])
+        assert moved == [], moved  # (out of the root's mapping)
+        del registered
+        assert not slots._LENT
+    print("one-sided ok", flush=True)
+
+
 def slot_holder_scenario() -> None:
     """A wait for a free slot names the rank that has yet to take what the slot holds: rank 0
     fills its slots with messages to rank 1, which takes none, then sends to rank 2."""
@@ -1256,13 +1317,23 @@ def test_a_wait_for_a_free_slot_names_the_rank_that_holds_it():
     scenario_ends_well("slot_holder", 3, "slot holder ok")
 
 
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_a_scatters_blocks_move_one_sided_with_no_message(ranks):
+    job = mpiexec(ranks, __file__, "one_sided_scatter", timeout=60)
+    if "no direct reads here" in job.stdout:
+        pytest.skip("this machine refuses direct reads (process_vm_readv) between ranks")
+    assert job.stdout.count("one-sided ok") == ranks
+    assert_gone(regions_of(job.stdout))
+
+
 SCENARIOS = {"collectives": collectives_scenario, "failure": failure_scenario,
              "slot_holder": slot_holder_scenario, "late_reader": late_reader_scenario,
              "two_shot": two_shot_scenario,
              "errors": errors_scenario, "registered": registered_scenario,
              "mismatch": mismatch_scenario, "direct": direct_scenario,
              "shared_failure": shared_failure_scenario, "late_share": late_share_scenario,
-             "shared_inputs": shared_inputs_scenario}
+             "shared_inputs": shared_inputs_scenario,
+             "one_sided_scatter": one_sided_scatter_scenario}
 
 if __name__ == "__main__":
     record_regions()

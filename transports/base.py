@@ -231,6 +231,8 @@ class Transport(ABC):
         self._unread = False  # whether no peer takes this rank's input to the next (`unread`)
         self._copied_whole = False  # whether its peers copy it whole (`copied_whole`)
         self._alongside: Callable[[], None] | None = None  # work of ours meanwhile (`alongside`)
+        # Whether `locate` and `get` work: each rank can reach its peers' memory.
+        self.one_sided = False
         self.closed = False
         self.abandoned: str | None = None  # why every wait is to stop at once (`abandon`)
         # Where this transport is a part of another (hierarchical.py), the world rank of each
@@ -611,6 +613,25 @@ class Transport(ABC):
         """Return once every rank has entered the barrier."""
         if self.size > 1:
             self._barrier()
+
+    # ---- one-sided moves: where `one_sided`, a collective moves blocks itself --------------
+    #
+    # As MPI's windows (MPI_Get) and a GPU's peer pointers (NCCL's, vLLM's custom all-reduce):
+    # once an exchange has told each rank where a peer's buffer lies (`locate`), the rank
+    # copies straight out of it (`get`), with no message; a barrier afterwards says every copy
+    # has ended, and the owner may change its buffer. Only where the transport reaches its
+    # peers' memory (shm, with direct reads): here, nowhere.
+
+    def locate(self, buf: Any) -> int:
+        """A word that names where the contiguous `buf` lies, for a peer to `get` from once an
+        exchange has carried it there."""
+        raise NotImplementedError(f"the {self.name} transport has no one-sided moves")
+
+    def get(self, peer: int, where: int, offset: int, into: Any) -> None:
+        """Copy into the contiguous `into` as many bytes, from `offset` on in `peer`'s buffer
+        that its `locate` word `where` names; done when it returns. Uncounted (the caller
+        counts)."""
+        raise NotImplementedError(f"the {self.name} transport has no one-sided moves")
 
     def abandon(self, why: str) -> None:
         """Make every wait, the one under way too, raise CollectiveError saying `why` (at exit,

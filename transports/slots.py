@@ -598,6 +598,8 @@ class SlotTransport(Transport):
         self.single_copy = self.memory.can_read(self.comm, pids, self._pids is not None)
         # One-way messages from here up are shared (see "Shared copies"); None: none are.
         self.shares_from = SHARED_BYTES if self.single_copy and not self.oversubscribed else None
+        # Blocks moved one-sided (`locate`, `get`: "One-sided moves"), where direct reads work.
+        self.one_sided = self.single_copy and self.memory.in_host_region
         self._scratch = numpy.empty(READ_PIECE_BYTES, numpy.uint8) if self.single_copy else None
         # Middle-sized messages go by the road measured cheaper (`Roads`), where either can
         # run: direct reads work, and every rank has a core (the times of ranks that share one
@@ -856,7 +858,7 @@ class SlotTransport(Transport):
             if divide != 1:
                 piece = into[lo:hi].view(accbuf.dtype)
                 self.xp.true_divide(piece, divide, out=piece)
-            self._move(self.memory.write, dst, f"write its result into rank {self.named(dst)}",
+            self._move(self.memory.write, dst, "write its result into rank {}",
                        target + lo, into[lo:hi])
         self._consumed(src)
         self._pushes[dst] = turn
@@ -865,13 +867,15 @@ class SlotTransport(Transport):
     def _move(self, move: Callable[..., None], peer: int, what: str, *args: Any) -> None:
         """move(peer's pid, *args): a move between this rank's memory and `peer`'s (memory.read
         or memory.write, or read_peer_bytes); if the peer died, or the kernel changed its
-        mind, an error that says `what` could not be done."""
+        mind, an error that says `what` could not be done, the peer named at its "{}" (made
+        into words only then: at a few microseconds a move, a message formatted each time
+        shows)."""
         try:
             move(self._pids[peer], *args)
         except OSError as error:
             self._check_peer(peer, thorough=True)
-            raise CollectiveError(f"rank {self.named(self.rank)} could not {what}"
-                                  + self.during()) from error
+            raise CollectiveError(f"rank {self.named(self.rank)} could not "
+                                  f"{what.format(self.named(peer))}" + self.during()) from error
 
     def _middle(self, nbytes: int) -> bool:
         """Whether a message of `nbytes` is middle-sized: more than a segment, less than
@@ -962,7 +966,7 @@ class SlotTransport(Transport):
             if word & REGISTERED:
                 ctypes.memmove(address_of(into), self._mapped(peer, word), into.nbytes)
             else:
-                self._move(self.memory.read, peer, f"read rank {self.named(peer)}'s message",
+                self._move(self.memory.read, peer, "read rank {}'s message",
                            word, into.view(numpy.uint8))
             self._own[(self._share_line + peer) * WORDS + 3] = turn  # we have read it
         else:  # the peer's message goes the general way (checked): ours goes that way too
@@ -1010,7 +1014,7 @@ class SlotTransport(Transport):
             else (None, None)
         read_at = (self._share_line + peer) * WORDS + 3  # ours: we have read the peer's turn
         read_by = (self._share_line + self.rank) * WORDS + 3  # the peer's: it has read ours
-        what = f"read rank {self.named(peer)}'s message"
+        what = "read rank {}'s message"
 
         def step(mine: Any, into: Any, n_sent: int, n_expected: int) -> bool | tuple[int, ...]:
             if self._registered or self.pairs_read_from != reads_from:
@@ -1155,7 +1159,7 @@ class SlotTransport(Transport):
         """Take the message at `address` in `src`'s memory: copy it into `into` in one go, or
         reduce it a piece at a time through scratch that stays in cache."""
         if op is None:
-            self._move(self.memory.read, src, f"read rank {self.named(src)}'s message",
+            self._move(self.memory.read, src, "read rank {}'s message",
                        address, into)
             return
         for _ in self._reduced_pieces(src, address, into, dtype, op, inbuf):
@@ -1171,7 +1175,7 @@ class SlotTransport(Transport):
             hi = min(lo + READ_PIECE_BYTES, into.size)
             if isinstance(message, int):
                 arrived = self._scratch[:hi - lo]
-                self._move(self.memory.read, src, f"read rank {self.named(src)}'s message",
+                self._move(self.memory.read, src, "read rank {}'s message",
                            message + lo, arrived)
             else:
                 arrived = message[lo:hi]
@@ -1187,7 +1191,7 @@ class SlotTransport(Transport):
         self.wait(lambda: theirs[asked] > seq or self._has_taken(dst, seq), dst,
                   "its message to be asked for")
         if theirs[asked] > seq:  # (else the receiver reduced it, reading it all)
-            self._move(self.memory.write, dst, f"write its message into rank {self.named(dst)}",
+            self._move(self.memory.write, dst, "write its message into rank {}",
                        theirs[asked + 1], out[:theirs[asked + WORDS - 1]])
         self._own[(self._share_line + dst) * WORDS + 2] = seq + 1  # our part has landed
 
@@ -1497,7 +1501,7 @@ class SlotTransport(Transport):
         landing = [(r, lo, hi - lo, (r * (hi - lo), r * stride + lo))
                    for r, (lo, hi) in enumerate(reads) if lo < hi]
         ours = [(lo, length, at) for r, lo, length, at in landing if r == rank]
-        wanted = [(r, lo, length, at, f"read rank {self.named(r)}'s input")
+        wanted = [(r, lo, length, at, "read rank {}'s input")
                   for r, lo, length, at in landing if r != rank]
         address = [(self._call_line + area) * WORDS + CALL_WORDS + 1 for area in range(2)]
         own, lines = self._own, self._call_lines
@@ -1585,8 +1589,8 @@ class SlotTransport(Transport):
                     self._compare_lines(line, their_lines)  # raises, nothing taken
             if word & SHARED and self._ctl[peer][shared + 4] == turn:  # our reader asks
                 landing = self._ctl[peer][shared + 5]
-                self._move(write_peer_bytes, peer, f"write its input into rank "
-                           f"{self.named(peer)}", landing & (1 << LANDING_BITS) - 1, ours_at,
+                self._move(write_peer_bytes, peer, "write its input into rank {}",
+                           landing & (1 << LANDING_BITS) - 1, ours_at,
                            _sender_part(nbytes, landing >> LANDING_BITS))
                 own[share + 6] = turn  # our part has landed
             inputs = None
@@ -1688,6 +1692,23 @@ class SlotTransport(Transport):
         self._registered_at.append((own.ctypes.data, own.ctypes.data + own.size))
         self._mapped_at.append([region.ctypes.data for region in regions])
         return own[:nbytes]
+
+    # ---- one-sided moves ---------------------------------------------------------------------
+
+    def locate(self, buf: Any) -> int:
+        """`Transport.locate`: `buf`'s address word (`_address_word`: in registered memory, its
+        region and offset, which a peer copies from out of its own mapping)."""
+        return self._address_word(buf) if self._registered else address_of(buf)
+
+    def get(self, peer: int, where: int, offset: int, into: Any) -> None:
+        """`Transport.get`: copied out of our mapping of `peer`'s registered region, or read
+        by the kernel (`process_vm_readv`)."""
+        if not into.nbytes:
+            return
+        if where & REGISTERED:
+            ctypes.memmove(address_of(into), self._mapped(peer, where) + offset, into.nbytes)
+        else:
+            self._move(self.memory.read, peer, "read rank {}'s block", where + offset, into)
 
     def _region_of(self, buf: Any) -> tuple[int, int] | None:
         """(region, offset) of `buf` if it lies in registered memory (regions from 1)."""
