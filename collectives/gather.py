@@ -72,9 +72,10 @@ def one_shot_gather(transport: Transport, mine: Any | None, work: Any | None,
     """The gather of equal blocks (at `bounds`) in one exchange: every rank publishes its flat
     block `mine`, and the exchange places each peer's in the root's flat result `work`
     (`to_root`: it may read them straight there, out of registered memory), where the root
-    copies its own with the exchange (`alongside`: on shared memory during it, where a peer
-    shares its input; else after it), or first where `mine` overlaps them, unless `mine` is
-    None: already in place."""
+    copies its own with the exchange (`alongside`: on shared memory during it, where the
+    inputs are read in place, while a peer that shares its input writes its part; else
+    after it), or first where `mine` overlaps them, unless `mine` is None: already in
+    place."""
     own = None if work is None else work[slice(*bounds[root])]
     if mine is not None and own is not None:
         def copy_own() -> None:

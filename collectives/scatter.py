@@ -15,14 +15,15 @@ direct reads), moves one-sided: the root's description also says where its block
 (`Transport.locate`), and each rank copies its own straight out of the root's buffer
 (`Transport.get`) while the root copies its own block; a barrier then says every block has
 been taken, and the root may return. No message is announced, found and answered for each
-block: measured (README, "A scatter's blocks moved one-sided"), a 1 MiB scatter took about
-0.85x the time on 2 ranks, and half on 4 sharing 2 cores. Elsewhere the blocks go by
-messages, and the root copies its own block while the peers take theirs (`Transport.isend`:
-a large block is left for its rank to read, so the two copies overlap).
+block: measured (README, "A scatter's blocks moved one-sided"), a 512 KiB scatter took 0.7x
+the time on 2 ranks and a 1 MiB one 0.9x, and a 1 MiB one half the time on 4 ranks sharing
+2 cores. Elsewhere the blocks go by messages, and the root copies its own block while the
+peers take theirs (`Transport.isend`: a large block is left for its rank to read, so the two
+copies overlap).
 
-A rank whose buffer does not fit the description still drains its block (no sender is left
-hanging) before it raises. Uneven blocks (`counts`, MPI's Scatterv) go the same way: the
-description then lists the counts.
+A rank whose buffer does not fit the description still drains its block, or meets the
+barrier (no sender is left hanging), before it raises. Uneven blocks (`counts`, MPI's
+Scatterv) go the same way: the description then lists the counts.
 """
 
 from __future__ import annotations

@@ -127,7 +127,8 @@ larger than a pair area is read in place at any size.
 
 A call of one exchange (a small all-reduce, a call check) instead publishes its whole input in
 a one-shot area (`_all_inputs`), with its call descriptor beside it, and every rank reads every
-other's: one publish and one wait both check the call and move its data. An input that no peer
+other's: one publish and one wait both check the call and move its data (but for the inputs
+that stay where they lie: "Shared inputs", "Inputs read in place"). An input that no peer
 takes (`Transport.unread`: a broadcast's other ranks', a gather's or a reduce's root's) is not
 copied: its area keeps what it held. Memory per rank, whatever the message: SLOTS *
 segment_bytes + 2 * one_shot_bytes + the control lines (a page up to 11 ranks), and on the host
@@ -206,6 +207,13 @@ KiB the slots, in the caches, were then as fast or faster; once the steps were r
 26.7 against 43.3 at 32 KiB, 38.7 against 70.2 at 128 KiB, 55.3 against 106.3 at 256 KiB, so
 they are read in place above the pair areas.
 
+One-sided moves. Where direct reads work, a collective may move blocks itself (`locate`,
+`get`): an exchange carries where a buffer lies (its address word, as for inputs read in
+place: in registered memory a region and offset, copied out of the reader's own mapping), and
+a peer reads straight out of it; a barrier then says every read has ended. A scatter moves
+its blocks so (collectives/scatter.py): no slot line is announced, found and answered per
+block.
+
 The protocol is the same whatever memory the data lives in; a memory kind (`MemoryKind`) says
 where, and how to copy and reduce there. The control lines always stay in host shared memory,
 where the CPU polls them.
@@ -280,8 +288,9 @@ REFERENCE_BYTES = 256 << 10
 # gather's 130-144 against 206-216 (MPICH's 163-200).
 SHARED_BYTES = 512 << 10
 # An address word marked so (an ordinary address: below 2**47) says that its owner takes
-# nothing in the exchange, and writes the first half of its input into its reader's buffer
-# if the reader asks (see "Shared inputs").
+# nothing in the exchange, and writes the first part of its input (half, or
+# ALONGSIDE_EIGHTHS eighths) into its reader's buffer if the reader asks (see "Shared
+# inputs").
 SHARED = 1 << 61
 # A shared input's reader asks for this many eighths of it from its owner where the reader
 # has work of its own to make meanwhile (`alongside`: a gather's root copying its block),
@@ -915,8 +924,8 @@ class SlotTransport(Transport):
         untraced message of `pairs_read_from` or more each way, of any size, is read in
         place instead, as is one from registered memory of more than a pair area, whatever
         comes back (a peer whose message goes the general way meets it there). (A run of
-        messages of one kind takes a readied step instead, `prepare_pair_message`, through the
-        pair areas too: this way takes the others.)"""
+        messages of one kind takes a readied step instead, `prepare_pair_message`, which alone
+        uses the pair areas: this way takes the others, through the slots.)"""
         reads_from = self.pairs_read_from
         if said is not None and self.trace is None and self.on_transfer is None:
             word = self._address_word(mine) if self._registered else 0
@@ -1465,15 +1474,16 @@ class SlotTransport(Transport):
         names): an area's worth a rank, kept, or for an input larger than an area (read in
         place at any size), its own size a rank, for the call.
 
-        Not `by_address` (a call that names its reads, below `reads_inputs_from`, on a
-        transport with registered memory), only inputs in registered memory are read where
-        they lie, and their owners wait for their readers (see "Registered memory"). Each of
-        the others is copied into its owner's area, as `_new_one_shot_exchange` does, and
-        read from there: into `into`, or where none is given, not at all (the area itself is
-        returned as that rank's input).
+        Not `by_address` (a call that names its reads, below `reads_inputs_from`), only inputs
+        in registered memory, shared ones and those left in place are read where they lie,
+        and their owners wait for their readers (see "Registered memory", "Shared inputs").
+        Each of the others is copied into its owner's area, as `_new_one_shot_exchange` does,
+        and read from there: into `into`, or where none is given, not at all (the area itself
+        is returned as that rank's input).
 
         On two ranks from SHARED_BYTES, an owner that takes nothing shares its input with a
-        reader that asks (see "Shared inputs")."""
+        reader that asks (see "Shared inputs"), and one that takes its peer's whole input too
+        (an all-reduce's) leaves its own where it lies above LEFT_BYTES."""
         nbytes = math.prod(shape) * numpy.dtype(dtype).itemsize
         rank, size = self.rank, self.size
         stride = max(self._area_bytes, nbytes)  # between two ranks' inputs in scratch
@@ -1614,19 +1624,19 @@ class SlotTransport(Transport):
                     continue
                 if theirs & REGISTERED:
                     ctypes.memmove(base + at[where], self._mapped(r, theirs) + lo, length)
-                elif theirs & SHARED and asks:  # all but the half its owner writes
+                elif theirs & SHARED and asks:  # all but the part its owner writes
                     self._move(read_peer_bytes, r, what, theirs - SHARED + lo + part,
                                base + at[where] + part, length - part)
                     if self._ctl[r][shared + 6] < turn:
                         self.wait(lambda: self._ctl[r][shared + 6] >= turn, r,
-                                  "its half of an input")
+                                  "its part of an input")
                 else:
                     self._move(read_peer_bytes, r, what, (theirs & ~SHARED) + lo,
                                base + at[where], length)
                 if inputs is not None:
                     inputs[r] = scratched[r]
             if asks:
-                own[share + 4] = 0  # (the owner has written its half, or will write none)
+                own[share + 4] = 0  # (the owner has written its part, or will write none)
             own[READ * WORDS] = turn
             if word and not self._everyone(READ, turn):
                 self.wait(lambda: self._everyone(READ, turn), None, "its input to be read",
