@@ -308,7 +308,7 @@ def small_scatter(comm: Any, sendbuf: Any | None, recvbuf: Any | None, root: int
     publish, expected, exchange, way = comm._small_calls.get(key) or _learn_scatter(
         comm, key, root, block, mine.dtype)
     if rank == root:
-        if way is not INLINE and recvbuf is not None and numpy.may_share_memory(recvbuf, mine):
+        if way is not INLINE and recvbuf is not None and overlap(recvbuf, mine, numpy):
             return GENERAL  # its block would be written while its peers read theirs
         if way is INLINE:
             room = description_bytes(size)
