@@ -27,7 +27,7 @@ from .all_to_all import one_shot_all_to_all, pairwise_all_to_all
 from .arguments import check_buffers, check_root, check_writeable, output
 from .arrays import flat_work, overlap, same_memory
 from .blocks import check_counts, every_input, exchanged, gathered, own_blocks, split
-from .broadcast import one_shot_broadcast, ring_broadcast
+from .broadcast import one_shot_broadcast, one_sided_broadcast, reads_from_root, ring_broadcast
 from .calls import collective, current_device, on_callers_stream
 from .check import (LEFT_WAITING, MESSAGES, MessagesDiffer, agree, descriptor, disagreement,
                     pair_agree)
@@ -463,6 +463,9 @@ class Communicator:
         if self._one_shot(buf):  # small: one exchange, which carries the call check along
             self._begin("broadcast", buf.size, buf.dtype, root=root, folded=True)
             one_shot_broadcast(self._transport, work, root)
+        elif reads_from_root(self._transport, buf.nbytes):  # (its exchange carries the check)
+            self._begin("broadcast", buf.size, buf.dtype, root=root, folded=True)
+            one_sided_broadcast(self._transport, work, root)
         else:
             self._begin("broadcast", buf.size, buf.dtype, root=root)
             ring_broadcast(self._transport, work, root)

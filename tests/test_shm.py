@@ -1254,6 +1254,66 @@ def one_sided_scatter_scenario() -> None:
     print("one-sided ok", flush=True)
 
 
+def one_sided_broadcast_scenario() -> None:
+    """A broadcast larger than an exchange holds, on more than two ranks that outnumber the
+    cores (collectives/broadcast.py, `reads_from_root`), goes one-sided: each rank but the root
+    reads the root's buffer once, whole, straight out of its memory (none out of registered
+    memory: a copy out of the root's mapping), and no slot line is announced; from every root,
+    strided and registered buffers too. `stats` counts the root's buffer to each rank. Ranks
+    whose sizes differ raise MismatchError, every one, having taken nothing. (On a machine with
+    a core per rank, the ranks are told they share cores, as they all agree.)"""
+    from collectives.broadcast import reads_from_root
+
+    os.environ["RINGCC_SINGLE_COPY"] = "1"
+    with collectives.init("shm", timeout=30) as comm:
+        rank, size, transport = comm.rank, comm.size, comm._transport
+        if not transport.one_sided:
+            print("one-sided: no direct reads here", flush=True)
+            return
+        transport.oversubscribed = True
+        count = transport.one_shot_bytes // 8 + 1000  # float64s: more than an exchange holds
+        assert reads_from_root(transport, count * 8)
+        moved: list[tuple[str, int]] = []
+        read = transport.memory.read
+        transport.memory.read = lambda pid, address, into: (moved.append(("read", into.nbytes)),
+                                                            read(pid, address, into))
+        for root in range(size):
+            moved.clear()
+            comm.stats.reset()
+            sent_before = list(transport._sent)
+            mine = numpy.arange(count, dtype=float) + root if rank == root else numpy.zeros(count)
+            got = comm.broadcast(mine, root=root)
+            numpy.testing.assert_array_equal(got, numpy.arange(count, dtype=float) + root)
+            assert moved == ([] if rank == root else [("read", count * 8)]), moved
+            assert transport._sent == sent_before  # no message, no slot
+            stats = comm.stats
+            assert (stats.bytes_sent, stats.bytes_received, stats.messages) == (
+                ((size - 1) * count * 8, 0, size - 1) if rank == root else (0, count * 8, 0)), stats
+        strided = numpy.zeros((count, 2))
+        if rank == 1:
+            strided[:, 0] = numpy.arange(count)
+        comm.broadcast(strided[:, 0], root=1)
+        numpy.testing.assert_array_equal(strided[:, 0], numpy.arange(count))
+        registered = comm.empty(count)
+        registered[...] = numpy.arange(count) if rank == 0 else -1
+        moved.clear()
+        comm.broadcast(registered, root=0)
+        numpy.testing.assert_array_equal(registered, numpy.arange(count))
+        assert moved == [], moved  # (out of the root's mapping)
+        del registered
+        mine = numpy.full(count + (rank == size - 1), float(rank))
+        moved.clear()
+        try:  # the last rank's count differs: every rank raises, none takes anything
+            comm.broadcast(mine, root=0)
+            said = None
+        except collectives.MismatchError as error:
+            said = str(error)
+        assert said is not None and moved == [] and (mine == rank).all(), (said, moved)
+        got = comm.broadcast(numpy.full(count, float(rank)), root=size - 1)
+        assert (got == size - 1).all()
+    print("one-sided broadcast ok", flush=True)
+
+
 def slot_holder_scenario() -> None:
     """A wait for a free slot names the rank that has yet to take what the slot holds: rank 0
     fills its slots with messages to rank 1, which takes none, then sends to rank 2."""
@@ -1317,6 +1377,15 @@ def test_a_wait_for_a_free_slot_names_the_rank_that_holds_it():
     scenario_ends_well("slot_holder", 3, "slot holder ok")
 
 
+@pytest.mark.parametrize("ranks", [3, 4])
+def test_a_broadcast_on_ranks_sharing_cores_moves_one_sided(ranks):
+    job = mpiexec(ranks, __file__, "one_sided_broadcast", timeout=60)
+    if "no direct reads here" in job.stdout:
+        pytest.skip("this machine refuses direct reads (process_vm_readv) between ranks")
+    assert job.stdout.count("one-sided broadcast ok") == ranks
+    assert_gone(regions_of(job.stdout))
+
+
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_a_scatters_blocks_move_one_sided_with_no_message(ranks):
     job = mpiexec(ranks, __file__, "one_sided_scatter", timeout=60)
@@ -1333,7 +1402,8 @@ SCENARIOS = {"collectives": collectives_scenario, "failure": failure_scenario,
              "mismatch": mismatch_scenario, "direct": direct_scenario,
              "shared_failure": shared_failure_scenario, "late_share": late_share_scenario,
              "shared_inputs": shared_inputs_scenario,
-             "one_sided_scatter": one_sided_scatter_scenario}
+             "one_sided_scatter": one_sided_scatter_scenario,
+             "one_sided_broadcast": one_sided_broadcast_scenario}
 
 if __name__ == "__main__":
     record_regions()
