@@ -15,11 +15,11 @@ direct reads), moves one-sided: the root's description also says where its block
 (`Transport.locate`), and each rank copies its own straight out of the root's buffer
 (`Transport.get`) while the root copies its own block; a barrier then says every block has
 been taken, and the root may return. No message is announced, found and answered for each
-block: measured (README, "A scatter's blocks moved one-sided"), a 512 KiB scatter took 0.7x
-the time on 2 ranks and a 1 MiB one 0.9x, and a 1 MiB one half the time on 4 ranks sharing
-2 cores. Elsewhere the blocks go by messages, and the root copies its own block while the
-peers take theirs (`Transport.isend`: a large block is left for its rank to read, so the two
-copies overlap).
+block: measured (README, "One-sided moves: a scatter's blocks, a broadcast on shared
+cores"), a 512 KiB scatter took 0.7x the time on 2 ranks and a 1 MiB one 0.9x, and a 1 MiB
+one half the time on 4 ranks sharing 2 cores. Elsewhere the blocks go by messages, and the
+root copies its own block while the peers take theirs (`Transport.isend`: a large block is
+left for its rank to read, so the two copies overlap).
 
 A rank whose buffer does not fit the description still drains its block, or meets the
 barrier (no sender is left hanging), before it raises. Uneven blocks (`counts`, MPI's

@@ -211,8 +211,9 @@ One-sided moves. Where direct reads work, a collective may move blocks itself (`
 `get`): an exchange carries where a buffer lies (its address word, as for inputs read in
 place: in registered memory a region and offset, copied out of the reader's own mapping), and
 a peer reads straight out of it; a barrier then says every read has ended. A scatter moves
-its blocks so (collectives/scatter.py): no slot line is announced, found and answered per
-block.
+its blocks so (collectives/scatter.py), and a broadcast on ranks that share cores its buffer
+(collectives/broadcast.py): no slot line is announced, found and answered per block or
+segment.
 
 The protocol is the same whatever memory the data lives in; a memory kind (`MemoryKind`) says
 where, and how to copy and reduce there. The control lines always stay in host shared memory,
