@@ -50,17 +50,24 @@ def one_shot_reduce_scatter(transport: Transport, mine: Any, op: ReduceOp, avera
                             bounds: list[tuple[int, int]], out: Any) -> None:
     """Reduce-scatter the flat array `mine` (equal blocks at `bounds`) into this rank's flat
     block `out`, in one exchange (`Transport.all_inputs`, which also carries the call's check);
-    two or more ranks. Counted as the ring is: one block to and from each peer."""
-    rank, size = transport.rank, transport.size
+    two or more ranks. This rank's own block is reduced where it lies in `mine`
+    (`Transport.keeps_own`: the exchange need not copy it), unless `out` overlaps `mine`.
+    Counted as the ring is: one block to and from each peer."""
+    rank, size, xp = transport.rank, transport.size, transport.xp
     transport.at("one-shot")
+    kept = not xp.may_share_memory(out, mine)
+    if kept:
+        transport.keeps_own()
     inputs = transport.all_inputs(mine, counted=False,
                                   reads=own_blocks(bounds, rank, mine.itemsize))
     for step in range(1, size):
         dst, src = (rank + step) % size, (rank - step) % size
         transport.count(mine[slice(*bounds[dst])], dst, out, src)
     lo, hi = bounds[rank]
-    reduce_in_rank_order(transport.xp, [theirs[lo:hi] for theirs in inputs], op, average,
-                         out=out)
+    blocks = [theirs[lo:hi] for theirs in inputs]
+    if kept:
+        blocks[rank] = mine[lo:hi]
+    reduce_in_rank_order(xp, blocks, op, average, out=out)
 
 
 def two_shot_reduce_scatter(transport: Transport, mine: Any, out: Any, op: ReduceOp,

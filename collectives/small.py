@@ -213,7 +213,8 @@ def small_all_gather(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None) -> 
 def small_reduce_scatter(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None,
                          op: str) -> Any:
     """`comm.reduce_scatter(sendbuf, recvbuf, op)` by the lane, or GENERAL: each rank reduces
-    its own block of every input, in rank order."""
+    its own block of every input, in rank order, its own input's where it lies (`keeps_own`:
+    the exchange need not copy it) unless the result overlaps the input."""
     transport = comm._transport
     if not _open(comm, sendbuf) or type(op) is not str or not _in_blocks(comm, sendbuf):
         return GENERAL
@@ -226,10 +227,14 @@ def small_reduce_scatter(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None,
     if kind is None or recvbuf is not None and not _fits(recvbuf, block, sendbuf.dtype):
         return GENERAL
     ufunc, average, exchange = kind
-    inputs = _exchange(comm, exchange, sendbuf)
     rank = transport.rank
-    return _reduced([theirs[rank] for theirs in inputs], ufunc, average, recvbuf, block,
-                    sendbuf.dtype)
+    kept = recvbuf is None or not overlap(recvbuf, sendbuf, numpy)
+    if kept:
+        transport.keeps_own()
+    blocks = [theirs[rank] for theirs in _exchange(comm, exchange, sendbuf)]
+    if kept:
+        blocks[rank] = sendbuf[rank]
+    return _reduced(blocks, ufunc, average, recvbuf, block, sendbuf.dtype)
 
 
 def small_all_to_all(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None) -> Any:

@@ -1314,6 +1314,52 @@ def one_sided_broadcast_scenario() -> None:
     print("one-sided broadcast ok", flush=True)
 
 
+def kept_own_scenario() -> None:
+    """A reduce-scatter whose inputs are read in place reduces its own block where it lies in
+    its input (`Transport.keeps_own`): the exchange copies nothing of it, by the lane and by
+    the general path (an async call); where the result overlaps the input, the exchange
+    copies it first. The results are NumPy's, in rank order, every time."""
+    import ctypes
+    import types
+
+    from transports import slots
+
+    os.environ["RINGCC_SINGLE_COPY"] = "1"
+    with collectives.init("shm", timeout=30) as comm:
+        rank, size, transport = comm.rank, comm.size, comm._transport
+        if not transport.single_copy:
+            print("kept own: no direct reads here", flush=True)
+            return
+        transport.reads_inputs_from, transport.reads_inputs_above = 1, 0  # (every size)
+        block = transport.one_shot_bytes // 8 // size
+        copies: list[int] = []
+        memmove = ctypes.memmove
+        counted = types.ModuleType("ctypes")  # (slots.py's ctypes, its memmoves counted)
+        counted.__dict__.update(vars(ctypes))
+        counted.memmove = lambda dst, src, n: (copies.append(n), memmove(dst, src, n))[1]
+        slots.ctypes = counted
+        inputs = [numpy.arange(size * block, dtype=numpy.float32).reshape(size, block) * (r + 1)
+                  for r in range(size)]
+        want = inputs[0][rank].copy()
+        for r in range(1, size):
+            want += inputs[r][rank]
+        comm.reduce_scatter(inputs[rank].copy())  # (the general path resolves the op first)
+        for how in ("lane", "general", "in place"):
+            copies.clear()
+            mine = inputs[rank].copy()
+            if how == "lane":
+                got = comm.reduce_scatter(mine)
+            elif how == "general":
+                got = comm.reduce_scatter(mine, async_op=True).wait()
+            else:
+                got = comm.reduce_scatter(mine, mine[rank])
+            numpy.testing.assert_array_equal(got, want)
+            own_copies = copies.count(block * 4)
+            assert own_copies == (1 if how == "in place" else 0), (how, copies)
+        slots.ctypes = ctypes
+    print("kept own ok", flush=True)
+
+
 def slot_holder_scenario() -> None:
     """A wait for a free slot names the rank that has yet to take what the slot holds: rank 0
     fills its slots with messages to rank 1, which takes none, then sends to rank 2."""
@@ -1377,6 +1423,15 @@ def test_a_wait_for_a_free_slot_names_the_rank_that_holds_it():
     scenario_ends_well("slot_holder", 3, "slot holder ok")
 
 
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_a_reduce_scatter_reduces_its_own_block_where_it_lies(ranks):
+    job = mpiexec(ranks, __file__, "kept_own", timeout=60)
+    if "no direct reads here" in job.stdout:
+        pytest.skip("this machine refuses direct reads (process_vm_readv) between ranks")
+    assert job.stdout.count("kept own ok") == ranks
+    assert_gone(regions_of(job.stdout))
+
+
 @pytest.mark.parametrize("ranks", [3, 4])
 def test_a_broadcast_on_ranks_sharing_cores_moves_one_sided(ranks):
     job = mpiexec(ranks, __file__, "one_sided_broadcast", timeout=60)
@@ -1403,7 +1458,8 @@ SCENARIOS = {"collectives": collectives_scenario, "failure": failure_scenario,
              "shared_failure": shared_failure_scenario, "late_share": late_share_scenario,
              "shared_inputs": shared_inputs_scenario,
              "one_sided_scatter": one_sided_scatter_scenario,
-             "one_sided_broadcast": one_sided_broadcast_scenario}
+             "one_sided_broadcast": one_sided_broadcast_scenario,
+             "kept_own": kept_own_scenario}
 
 if __name__ == "__main__":
     record_regions()

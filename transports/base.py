@@ -230,6 +230,7 @@ class Transport(ABC):
         self._call: tuple[int, ...] | None = None  # the descriptor the next all_inputs carries
         self._unread = False  # whether no peer takes this rank's input to the next (`unread`)
         self._copied_whole = False  # whether its peers copy it whole (`copied_whole`)
+        self._keeps_own = False  # whether it takes its own bytes from its input (`keeps_own`)
         self._alongside: Callable[[], None] | None = None  # work of ours meanwhile (`alongside`)
         # Whether `locate` and `get` work: each rank can reach its peers' memory.
         self.one_sided = False
@@ -279,6 +280,14 @@ class Transport(ABC):
         ranks'): a transport may share that copy with it. Said just before that exchange, and
         forgotten after it, as `unread` is."""
         self._copied_whole = True
+
+    def keeps_own(self) -> None:
+        """This rank takes its own bytes of its input to its next `all_inputs` straight from
+        its input, not from what the exchange returns (a reduce-scatter's own block, which the
+        lane reduces where it lies): a transport may leave them uncopied, and the array it
+        returns as this rank's input then need not hold them. Said just before that exchange,
+        and forgotten after it, as `unread` is."""
+        self._keeps_own = True
 
     def alongside(self, work: Callable[[], None]) -> None:
         """`work()`, this rank's own (a gather's root copying its block), is to be made with
@@ -434,7 +443,7 @@ class Transport(ABC):
             inputs = self._all_inputs_counted(buf, counted, reads, into)
         finally:
             # (For this exchange only, whether it heeded them or not.)
-            self._unread = self._copied_whole = False
+            self._unread = self._copied_whole = self._keeps_own = False
             alongside, self._alongside = self._alongside, None
         if alongside is not None:  # (not made by the exchange)
             alongside()
@@ -546,7 +555,7 @@ class Transport(ABC):
                 inputs = move(buf, line) if into is None else move(buf, line, into)
             finally:
                 # (For this exchange only, whether it heeded them or not.)
-                self._unread = self._copied_whole = False
+                self._unread = self._copied_whole = self._keeps_own = False
                 alongside, self._alongside = self._alongside, None
             if alongside is not None:  # (not made by the exchange)
                 alongside()

@@ -1550,6 +1550,7 @@ class SlotTransport(Transport):
             word = self._address_word(buf) if registered else ours_at
             unread, self._unread = self._unread, False
             whole, self._copied_whole = self._copied_whole, False
+            keeps, self._keeps_own = self._keeps_own, False
             alongside, self._alongside = self._alongside, None
             gauged = offers and whole and not word & REGISTERED  # (`Sharing` chooses)
             overlaps = into_at is not None and into_at < ours_at + nbytes \
@@ -1577,7 +1578,8 @@ class SlotTransport(Transport):
             own[PUBLISHED * WORDS] = turn  # last: the line and the address are now visible
             try:
                 return take(buf, line, into, turn, parity, mine, their_lines, ours_at, into_at,
-                            word, unread, asks, alongside, parts[eighths])
+                            word, unread, asks, alongside, parts[eighths],
+                            keeps and into is None)
             except BaseException as error:
                 if asks and own[share + 4] == turn:  # withdrawn
                     own[share + 4] = 0
@@ -1588,9 +1590,10 @@ class SlotTransport(Transport):
         def take(buf: Any, line: memoryview, into: Any | None, turn: int, parity: int,
                  mine: memoryview, their_lines: list[memoryview], ours_at: int,
                  into_at: int | None, word: int, unread: bool, asks: bool,
-                 alongside: Callable[[], None] | None, part: int) -> Any:
+                 alongside: Callable[[], None] | None, part: int, kept: bool) -> Any:
             """The exchange once this rank has published: wait for the peers, then move (and
-            make `alongside` before reading, while a shared input's owner writes `part`)."""
+            make `alongside` before reading, while a shared input's owner writes `part`); our
+            own bytes not at all where the caller keeps them (`kept`: `keeps_own`)."""
             for ctl in peers:
                 if ctl[PUBLISHED * WORDS] < turn:
                     self._wait_published(ctl, turn)
@@ -1611,7 +1614,9 @@ class SlotTransport(Transport):
             where = 1 if into is None else 0
             base = address_of(scratch) if into is None else into_at
             for lo, length, at in ours:
-                if word or unread or into is not None:  # (else our area holds it, as it is)
+                # (Not where our area holds it as it is, nor where the caller takes its own
+                # bytes from its input itself: `kept`, `keeps_own`.)
+                if (word or unread or into is not None) and not kept:
                     ctypes.memmove(base + at[where], ours_at + lo, length)
                     if inputs is not None:
                         inputs[rank] = scratched[rank]
