@@ -658,14 +658,17 @@ def mismatch_scenario(single_copy: str) -> None:
 
 def direct_scenario() -> None:
     """Which messages go by direct read: from DIRECT_BYTES up, sent while receiving (a ring
-    step, a sendrecv) or left for the receiver while the sender works (a scatter's root: from
-    more than a segment where ranks share cores); and which are shared, the sender writing
-    its part into the receiver (slots.py, "Shared copies"): from SHARED_BYTES up, sent one
-    way, where every rank has a core. Messages on either side of the threshold, one way and
-    both ways, checked against NumPy, with the reads and writes counted."""
+    step, a sendrecv), from REDUCED_DIRECT_BYTES where the receiver reduces them and every rank
+    has a core (a reduce's ring step), or left for the receiver while the sender works (a
+    scatter's root: from more than a segment where ranks share cores); and which are shared,
+    the sender writing its part into the receiver (slots.py, "Shared copies"): from
+    SHARED_BYTES up, sent one way, where every rank has a core. Messages on either side of the
+    threshold, one way and both ways, checked against NumPy, with the reads and writes
+    counted."""
     from mpi4py import MPI
 
-    from transports.slots import DIRECT_BYTES, SHARED_BYTES
+    from transports.slots import (DIRECT_BYTES, READ_PIECE_BYTES, REDUCED_DIRECT_BYTES,
+                                  SHARED_BYTES)
 
     os.environ["RINGCC_SINGLE_COPY"] = "1"
     with collectives.init("shm", timeout=30) as comm:
@@ -742,17 +745,20 @@ def direct_scenario() -> None:
             numpy.testing.assert_array_equal(got, mine - rank + rank * 0.5)
             assert moved == ([("read", nbytes)] if rank and (
                 transport.one_sided or nbytes >= transport.isends_read_from) else []), moved
-            moved.clear()  # reduced, then its chunks gathered: shared half and half (the
-            transport.sharing.shares = lambda: True  # root has no block of its own to copy)
-            got = comm.reduce(mine, root=0)
+            moved.clear()  # reduced (each rank's incoming chunk read directly, a piece at a
+            transport.sharing.shares = lambda: True  # time), then its chunks gathered: shared
+            got = comm.reduce(mine, root=0)  # half and half (the root has no block of its own)
             del transport.sharing.shares
             if rank == 0:
                 numpy.testing.assert_array_equal(
                     got, sum(mine - rank + r for r in range(size)))
             if size == 2 and transport.shares_from is not None:
                 chunk = nbytes // 2
-                assert moved == ([("write", chunk // 2 // 64 * 64)] if rank == 1
-                                 else [("read", chunk - chunk // 2 // 64 * 64)]), moved
+                pieces = [("read", min(READ_PIECE_BYTES, chunk - lo))
+                          for lo in range(0, chunk, READ_PIECE_BYTES)]
+                assert chunk >= REDUCED_DIRECT_BYTES
+                assert moved == pieces + ([("write", chunk // 2 // 64 * 64)] if rank == 1
+                                          else [("read", chunk - chunk // 2 // 64 * 64)]), moved
             gathered_while_written(comm, mine, moved)
         # A scatter's blocks of a segment and of more than a segment: each got one-sided (a
         # direct read) where direct reads work; else through the slots, the receiver taking

@@ -52,7 +52,9 @@ into place in one system call (or, to reduce it, READ_PIECE_BYTES at a time thro
 that stays in cache) and counts it consumed, and the sender returns only then, since its
 buffer is being read. Every rank of a ring then makes one copy a step instead of two. A copy
 of middle size (more than a segment, less than DIRECT_BYTES) goes by whichever road its sender
-has measured cheaper lately, where every rank has a core (`Roads`). A message sent one way
+has measured cheaper lately, where every rank has a core (`Roads`); one that its receiver
+reduces (a ring step of a reduce-scatter or an all-reduce) goes by direct read from
+REDUCED_DIRECT_BYTES there. A message sent one way
 only is not read this way: where every rank has a core, from SHARED_BYTES, it is shared
 instead (below), and below that, or where ranks share cores, sender and receiver copy through
 the slots at once, which measured faster than one core reading it all. (The receiver takes a
@@ -248,6 +250,13 @@ WORDS = LINE // 8  # 8-byte words per line
 # allows (see "Direct reads"): below it, measured, copies through the slots, which stay in the
 # caches, mostly cost less, and middle-sized ones take the road measured cheaper (`Roads`).
 DIRECT_BYTES = 4 << 20
+# A message that its receiver reduces (a ring step of a reduce-scatter or an all-reduce), sent
+# while receiving one, goes by direct read from this size up where every rank has a core: the
+# receiver reduces it READ_PIECE_BYTES at a time as it reads, where through the slots each
+# segment was copied in and then out. Measured on 2 ranks (README, "Reduced messages read
+# directly from 512 KiB"), a 2 MiB reduce-scatter took 250-312 us where its 1 MiB chunk
+# through the slots took 412-414 (each 256 KiB copy into a slot ran some 50 us).
+REDUCED_DIRECT_BYTES = 512 << 10
 # A direct read that is reduced goes through scratch this much at a time: fewer system calls,
 # each pinning the peer's pages, while a piece stays in the caches to be reduced. Measured on
 # 2 ranks, a 16 MiB all-reduce alternating the forwarded step ("Forwarded results") with the
@@ -703,10 +712,15 @@ class SlotTransport(Transport):
         gauged = shared and out.size < DIRECT_BYTES and not self.sharing.shares()
         shared = shared and not gauged
         roads = self.roads if op is None and out is not None and into is not None else None
+        # (A message its receiver reduces: read directly from REDUCED_DIRECT_BYTES, where
+        # every rank has a core. Sent while receiving, its receiver reduces too.)
+        reduced_directly = op is not None and self.roads is not None and out is not None \
+            and out.size >= REDUCED_DIRECT_BYTES
         middle = roads is not None and region is None and self._middle(out.size)
         direct = out is not None and (region is not None or shared or self.single_copy
                                       and into is not None and (out.size >= DIRECT_BYTES
-                                                                or middle and roads.direct()))
+                                                                or middle and roads.direct()
+                                                                or reduced_directly))
         publish, take = self._publish, self.memory.copy
         timed = roads is not None and self._middle(into.size)  # (what arrives: timed too)
         sampled = (middle and not direct or timed) and roads.sample()
