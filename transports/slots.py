@@ -254,8 +254,9 @@ DIRECT_BYTES = 4 << 20
 # while receiving one, goes by direct read from this size up where every rank has a core: the
 # receiver reduces it READ_PIECE_BYTES at a time as it reads, where through the slots each
 # segment was copied in and then out. Measured on 2 ranks (README, "Reduced messages read
-# directly from 512 KiB"), a 2 MiB reduce-scatter took 250-312 us where its 1 MiB chunk
-# through the slots took 412-414 (each 256 KiB copy into a slot ran some 50 us).
+# directly from 512 KiB"), a 2 MiB reduce-scatter took 248-299 us where its 1 MiB chunk
+# through the slots took 407-410 (each 256 KiB copy into a slot ran some 50 us), a 4 MiB one
+# 480-513 against 922-952.
 REDUCED_DIRECT_BYTES = 512 << 10
 # A direct read that is reduced goes through scratch this much at a time: fewer system calls,
 # each pinning the peer's pages, while a piece stays in the caches to be reduced. Measured on
