@@ -330,7 +330,8 @@ class Communicator:
         counts: uneven blocks, flat (MPI's Allgatherv; blocks.py): rank r sends counts[r]
         elements, and every rank gets all of them in rank order.
         """
-        if counts is None and self._small(sendbuf, async_op):
+        if counts is None and (self._small(sendbuf, async_op)
+                               or self._read_in_place(sendbuf, async_op, 1)):
             result = small_all_gather(self, sendbuf, recvbuf)
             if result is not GENERAL:
                 return result
@@ -594,7 +595,8 @@ class Communicator:
         rank i sending counts[i][j] elements to rank j, or `size` numbers, rank j getting
         counts[j] elements from each rank.
         """
-        if counts is None and self._small(sendbuf, async_op):
+        if counts is None and (self._small(sendbuf, async_op)
+                               or self._read_in_place(sendbuf, async_op, self.size)):
             result = small_all_to_all(self, sendbuf, recvbuf)
             if result is not GENERAL:
                 return result
@@ -921,6 +923,20 @@ class Communicator:
         """Whether a call on `buf` may take the small-call lane (small.py): blocking, on a
         NumPy array of at most `one_shot_bytes` (none on one rank), more than zero."""
         return not async_op and type(buf) is numpy.ndarray and 0 < buf.nbytes <= self._small_bytes
+
+    def _read_in_place(self, buf: Any, async_op: bool, blocks: int) -> bool:
+        """Whether an all-to-all (`blocks`: the number of ranks, each taking one block of
+        each input) or an all-gather (1: each input whole) on `buf`, larger than `_small`,
+        takes its lane (small.py) all the same: where the transport reads what each rank takes
+        in place at any size, so that the general path would make the lane's one exchange too
+        (`_one_shot`). The general path's Python around it, paid at any size, is felt most
+        where ranks outnumber the cores: each rank waits for every other twice a call (README,
+        "Large calls in the lane")."""
+        if not (self._lane_messages and not async_op and type(buf) is numpy.ndarray
+                and buf.nbytes > 0 and self._transport.one_shot_bytes > 0):
+            return False
+        block = buf.nbytes // blocks
+        return self._transport.reads_in_place(((0, block),) * self.size, buf.nbytes)
 
     def _lane_message(self, buf: Any, async_op: bool) -> bool:
         """Whether a message of `buf` may take the small-call lane (small.py), whatever its

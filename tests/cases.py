@@ -590,7 +590,8 @@ def large_read_in_place_case(comm: Any, dtype: str) -> dict:
     one exchange (transports/slots.py, "Inputs read in place"). Each result by itself, into a
     recvbuf, into a strided one, in place, and with rank 0 alone strided; then how many
     peers' inputs each rank read in place (None: the transport cannot read a peer's memory),
-    and, where it can, what a mismatched call left in its result."""
+    and, where it can, what a mismatched call left in its result; and how many calls of each
+    took the general path rather than the lane (collectives/small.py)."""
     transport, rank, size = comm._transport, comm.rank, comm.size
     count = LARGE_IN_PLACE_BYTES // numpy.dtype(dtype).itemsize
     can_read = getattr(transport, "single_copy", False)
@@ -608,6 +609,13 @@ def large_read_in_place_case(comm: Any, dtype: str) -> dict:
     blocks = values(rank, size * count, dtype).reshape(size, count)
     mine = values(rank, count, dtype)
     out: dict[str, Any] = {}
+    general = {"all_to_all": 0, "all_gather": 0}
+    for name in general:
+        def spy(*args: Any, general_path: Any = getattr(comm, f"_{name}"), name: str = name,
+                **kwargs: Any) -> Any:
+            general[name] += 1
+            return general_path(*args, **kwargs)
+        setattr(comm, f"_{name}", spy)
     try:
         for name, x in (("all_to_all", blocks), ("all_gather", mine)):
             call = getattr(comm, name)
@@ -640,7 +648,10 @@ def large_read_in_place_case(comm: Any, dtype: str) -> dict:
         if can_read:
             transport.reads_inputs_from, transport.reads_inputs_above = reads_from, above
             del transport._move
+        for name in general:
+            delattr(comm, f"_{name}")
     out["read in place"] = len(read) if can_read else None
+    out["general path"] = general
     return out
 
 

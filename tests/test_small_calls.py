@@ -142,8 +142,9 @@ def test_all_to_alls_and_all_gathers_read_in_place_take_one_exchange_at_any_size
     all-gathers of blocks larger than an area take one exchange: each result is NumPy's in
     every form (by itself, into a recvbuf, a strided one, in place, rank 0 alone strided),
     each call read every peer's input in place where a rank can read its peers' memory (shm),
-    and a mismatch raises on every rank, leaving the results untouched. With one_shot_bytes=0
-    ("ring"), none takes one exchange."""
+    and a mismatch raises on every rank, leaving the results untouched. There they take the
+    lane, however large: only rank 0's strided input took the general path, and met the
+    others' lanes. With one_shot_bytes=0 ("ring"), none takes one exchange, nor the lane."""
     count = LARGE_IN_PLACE_BYTES // numpy.dtype(dtype).itemsize
     outcomes = run("large_read_in_place_case", SIZE, variant, dtype=dtype)
     for rank, outcome in enumerate(outcomes):
@@ -153,12 +154,18 @@ def test_all_to_alls_and_all_gathers_read_in_place_take_one_exchange_at_any_size
         for name, expected in want.items():
             for form in ("", " into", " strided", " in place", " mixed"):
                 assert numpy.array_equal(outcome[name + form], expected), (name, form)
+        general = outcome["general path"]
         if outcome["read in place"] is not None and variant == "ring":
             assert outcome["read in place"] == 0, outcome["read in place"]
+            mismatched = "all_to_all" if rank == 0 else "all_gather"  # (the mismatch's call)
+            assert general == {name: 5 + (name == mismatched)
+                               for name in ("all_to_all", "all_gather")}, general
         elif outcome["read in place"] is not None:  # (shm, with direct reads)
             # five calls of each, from every peer
             assert outcome["read in place"] == 10 * (SIZE - 1), outcome["read in place"]
             assert outcome["mismatch"] == "untouched", outcome["mismatch"]
+            strided = 1 if rank == 0 else 0  # (the "mixed" call)
+            assert general == {"all_to_all": strided, "all_gather": strided}, general
 
 
 def test_prepared_exchanges_outlive_a_sweep_of_more_sizes_than_the_transport_keeps(run):

@@ -1397,9 +1397,11 @@ class SlotTransport(Transport):
                            call: tuple[int, ...] | None, moved: list[Moved] | None = None,
                            reads: Reads | None = None) -> Exchange:
         """The one-shot exchange (`_one_shot_exchange`) with the call's naming, counting and
-        call line worked out beforehand (`_prepare_one_shot`)."""
+        call line worked out beforehand (`_prepare_one_shot`): of inputs an area holds, or of
+        any size where they are read in place."""
         nbytes = math.prod(shape) * numpy.dtype(dtype).itemsize
-        if not 0 < nbytes <= self._area_bytes or self.size == 1:
+        in_place = reads is not None and self.reads_in_place(reads, nbytes)
+        if not 0 < nbytes <= self._area_bytes and not in_place or self.size == 1:
             return super().prepare_all_inputs(shape, dtype, collective, call, moved, reads)
         return self._prepare_one_shot(shape, dtype, collective, call, moved,
                                       self._one_shot_exchange(shape, dtype, reads), reads)
