@@ -657,8 +657,9 @@ def mismatch_scenario(single_copy: str) -> None:
 
 
 def direct_scenario() -> None:
-    """Which messages go by direct read: from DIRECT_BYTES up, sent while receiving (a ring
-    step, a sendrecv), from REDUCED_DIRECT_BYTES where the receiver reduces them and every rank
+    """Which messages go by direct read: from DIRECT_BYTES up (copies from
+    CROWDED_DIRECT_BYTES where ranks outnumber the cores), sent while receiving (a ring step,
+    a sendrecv), from REDUCED_DIRECT_BYTES where the receiver reduces them and every rank
     has a core (a reduce's ring step), or left for the receiver while the sender works (a
     scatter's root: from more than a segment where ranks share cores); and which are shared,
     the sender writing its part into the receiver (slots.py, "Shared copies"): from
@@ -667,8 +668,8 @@ def direct_scenario() -> None:
     counted."""
     from mpi4py import MPI
 
-    from transports.slots import (DIRECT_BYTES, READ_PIECE_BYTES, REDUCED_DIRECT_BYTES,
-                                  SHARED_BYTES)
+    from transports.slots import (CROWDED_DIRECT_BYTES, DIRECT_BYTES, READ_PIECE_BYTES,
+                                  REDUCED_DIRECT_BYTES, SHARED_BYTES)
 
     os.environ["RINGCC_SINGLE_COPY"] = "1"
     with collectives.init("shm", timeout=30) as comm:
@@ -676,6 +677,8 @@ def direct_scenario() -> None:
         cores = set().union(*MPI.COMM_WORLD.allgather(os.sched_getaffinity(0)))
         assert transport.oversubscribed == (size > len(cores))
         assert transport.shares_from == (None if transport.oversubscribed else SHARED_BYTES)
+        direct_from = transport.copies_direct_from
+        assert direct_from == (CROWDED_DIRECT_BYTES if transport.oversubscribed else DIRECT_BYTES)
         # (On 2 ranks a sendrecv has one peer, and is read in place from 512 KiB by its pair's
         # lines, `test_point_to_point.py`; here, the general path's roads.)
         pairs_read_from, transport.pairs_read_from = transport.pairs_read_from, None
@@ -712,14 +715,14 @@ def direct_scenario() -> None:
         for nbytes in (SHARED_BYTES - 64, SHARED_BYTES):
             for says in (True, False):
                 one_way(numpy.arange(nbytes // 8, dtype=float) * size + rank, says)
-        for nbytes in (DIRECT_BYTES - 64, DIRECT_BYTES):
+        for nbytes in (direct_from - 64, direct_from):
             mine = numpy.arange(nbytes // 8, dtype=float) * size + rank
             moved.clear()
             got = comm.sendrecv(mine, right, src=left)  # both ways: a direct read, if any
             numpy.testing.assert_array_equal(got, mine - rank + left)
             # (A middle-sized message's first road is the slots: nothing is timed yet.)
-            assert moved == ([("read", nbytes)] if nbytes >= DIRECT_BYTES else []), moved
-            if nbytes < DIRECT_BYTES and transport.roads is not None:
+            assert moved == ([("read", nbytes)] if nbytes >= direct_from else []), moved
+            if nbytes < direct_from and transport.roads is not None:
                 # Then the road measured cheaper (`Roads`): each way in turn, timed.
                 roads = transport.roads
                 cost, times = dict(roads.cost), dict(roads.times)

@@ -250,6 +250,14 @@ WORDS = LINE // 8  # 8-byte words per line
 # allows (see "Direct reads"): below it, measured, copies through the slots, which stay in the
 # caches, mostly cost less, and middle-sized ones take the road measured cheaper (`Roads`).
 DIRECT_BYTES = 4 << 20
+# Where ranks outnumber the cores, copies sent while receiving one go by direct read from
+# this size: there no road is measured (`Roads`), and the slots, of more ranks than cores, no
+# longer stay in the caches. Measured on 4 ranks sharing 2 cores (README, "Large messages on
+# shared cores"), a sendrecv around the ring of 1 MiB took 511-613 us so against 793-978
+# through the slots, of 2 MiB 868-922 against 1813-2052, of 512 KiB 364-381 against 403-458;
+# of 256 KiB it took longer (365 against 246). (Reduced messages stay as they were: an 8 MiB
+# reduce-scatter's 2 MiB ring steps read so took 5-10% longer.)
+CROWDED_DIRECT_BYTES = 512 << 10
 # A message that its receiver reduces (a ring step of a reduce-scatter or an all-reduce), sent
 # while receiving one, goes by direct read from this size up where every rank has a core: the
 # receiver reduces it READ_PIECE_BYTES at a time as it reads, where through the slots each
@@ -616,6 +624,8 @@ class SlotTransport(Transport):
         # Messages from DIRECT_BYTES up are read straight out of the sender's buffer, where
         # the memory kind can: one copy instead of two, through no slot.
         self.single_copy = self.memory.can_read(self.comm, pids, self._pids is not None)
+        # ... copies from CROWDED_DIRECT_BYTES up where ranks outnumber the cores.
+        self.copies_direct_from = CROWDED_DIRECT_BYTES if self.oversubscribed else DIRECT_BYTES
         # One-way messages from here up are shared (see "Shared copies"); None: none are.
         self.shares_from = SHARED_BYTES if self.single_copy and not self.oversubscribed else None
         # Blocks moved one-sided (`locate`, `get`: "One-sided moves"), where direct reads work.
@@ -695,7 +705,8 @@ class SlotTransport(Transport):
                 shared: bool = True) -> None:
         """Publish `sendbuf` to `dst` while taking `recvbuf` from `src`, a slot at a time or
         by a direct read (with `op`: recvbuf = op(inbuf, what arrives)). A middle-sized copy
-        goes by the road measured cheaper, and its copies are timed now and then (`Roads`).
+        goes by the road measured cheaper, and its copies are timed now and then (`Roads`);
+        where ranks outnumber the cores, by direct read from CROWDED_DIRECT_BYTES.
         A large message sent one way only goes shared, where `shared` and every rank has a
         core (see "Shared copies"); below DIRECT_BYTES, while `Sharing` says so, else
         through the slots, its copies into them timed for `Sharing`."""
@@ -717,9 +728,10 @@ class SlotTransport(Transport):
         # every rank has a core. Sent while receiving, its receiver reduces too.)
         reduced_directly = op is not None and self.roads is not None and out is not None \
             and out.size >= REDUCED_DIRECT_BYTES
+        direct_from = self.copies_direct_from if op is None else DIRECT_BYTES
         middle = roads is not None and region is None and self._middle(out.size)
         direct = out is not None and (region is not None or shared or self.single_copy
-                                      and into is not None and (out.size >= DIRECT_BYTES
+                                      and into is not None and (out.size >= direct_from
                                                                 or middle and roads.direct()
                                                                 or reduced_directly))
         publish, take = self._publish, self.memory.copy
