@@ -931,7 +931,7 @@ class Communicator:
         in place at any size, so that the general path would make the lane's one exchange too
         (`_one_shot`). The general path's Python around it, paid at any size, is felt most
         where ranks outnumber the cores: each rank waits for every other twice a call (README,
-        "Large calls in the lane")."""
+        "Large calls in the lane, and copies read directly on shared cores")."""
         if not (self._lane_messages and not async_op and type(buf) is numpy.ndarray
                 and buf.nbytes > 0 and self._transport.one_shot_bytes > 0):
             return False

@@ -252,11 +252,12 @@ WORDS = LINE // 8  # 8-byte words per line
 DIRECT_BYTES = 4 << 20
 # Where ranks outnumber the cores, copies sent while receiving one go by direct read from
 # this size: there no road is measured (`Roads`), and the slots, of more ranks than cores, no
-# longer stay in the caches. Measured on 4 ranks sharing 2 cores (README, "Large messages on
-# shared cores"), a sendrecv around the ring of 1 MiB took 511-613 us so against 793-978
-# through the slots, of 2 MiB 868-922 against 1813-2052, of 512 KiB 364-381 against 403-458;
-# of 256 KiB it took longer (365 against 246). (Reduced messages stay as they were: an 8 MiB
-# reduce-scatter's 2 MiB ring steps read so took 5-10% longer.)
+# longer stay in the caches. Measured on 4 ranks sharing 2 cores (README, "Large calls in
+# the lane, and copies read directly on shared cores"), a sendrecv around the ring of 1 MiB
+# took 491-513 us so against 798-816 through the slots, of 2 MiB 805-1012 against 1762-1808,
+# of 512 KiB 362-367 against 403-496; of 256 KiB it took longer (365 against 246). Reduced
+# messages stay as they were: an 8 MiB reduce-scatter, its 2 MiB ring steps read so, took
+# 4365-4675 us against 3913-4197.
 CROWDED_DIRECT_BYTES = 512 << 10
 # A message that its receiver reduces (a ring step of a reduce-scatter or an all-reduce), sent
 # while receiving one, goes by direct read from this size up where every rank has a core: the
