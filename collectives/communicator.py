@@ -37,8 +37,8 @@ from .naive import naive_ring_all_reduce, reduce_broadcast_all_reduce
 from .ops import resolve_op
 from .point_to_point import Messages
 from .reduce import one_shot_reduce, reduce_to_root
-from .reduce_scatter import (one_shot_reduce_scatter, ring_reduce_scatter,
-                             two_shot_reduce_scatter)
+from .reduce_scatter import (one_shot_reduce_scatter, read_in_one_exchange,
+                             ring_reduce_scatter, two_shot_reduce_scatter)
 from .scan import finish, one_shot_scan, recursive_doubling_scan
 from .scatter import scatter_from_root
 from .small import (GENERAL, small_all_gather, small_all_reduce, small_all_to_all,
@@ -535,7 +535,9 @@ class Communicator:
         NaN propagates as in `all_reduce`. counts: uneven blocks, flat (MPI's Reduce_scatter;
         blocks.py): rank r gets the counts[r] elements of block r.
         """
-        if counts is None and self._small(sendbuf, async_op):
+        if counts is None and (self._small(sendbuf, async_op)
+                               or self._read_in_place(sendbuf, async_op, self.size)
+                               and read_in_one_exchange(self._transport, sendbuf.nbytes)):
             result = small_reduce_scatter(self, sendbuf, recvbuf, op)
             if result is not GENERAL:
                 return result
@@ -552,8 +554,10 @@ class Communicator:
         shape = shapes[self.rank]
         recvbuf = output(recvbuf, shape, sendbuf.dtype, xp)
         mine = flat_work(sendbuf, xp)[0]
-        if counts is None and self._one_shot(sendbuf):
-            # Small equal blocks: one exchange, which carries the call check along.
+        if counts is None and (self._one_shot(sendbuf)
+                               or read_in_one_exchange(self._transport, sendbuf.nbytes)):
+            # Small equal blocks (or where ranks outnumber the cores, larger ones read in
+            # place): one exchange, which carries the call check along.
             out, copied = flat_work(recvbuf, xp)
             self._begin("reduce_scatter", sendbuf.size, sendbuf.dtype, op, folded=True)
             one_shot_reduce_scatter(self._transport, mine, ufunc, op == "avg", bounds, out)
@@ -929,7 +933,8 @@ class Communicator:
         each input) or an all-gather (1: each input whole) on `buf`, larger than `_small`,
         takes its lane (small.py) all the same: where the transport reads what each rank takes
         in place at any size, so that the general path would make the lane's one exchange too
-        (`_one_shot`). The general path's Python around it, paid at any size, is felt most
+        (`_one_shot`; a reduce-scatter's, where it also takes one exchange,
+        `read_in_one_exchange`). The general path's Python around it, paid at any size, is felt most
         where ranks outnumber the cores: each rank waits for every other twice a call (README,
         "Large calls in the lane, and copies read directly on shared cores")."""
         if not (self._lane_messages and not async_op and type(buf) is numpy.ndarray

@@ -8,7 +8,10 @@ block but its own.
 
 Small buffers of equal blocks take one exchange instead (`one_shot_reduce_scatter`): every rank
 publishes its buffer, and each reduces its own block of all N in rank order, as the one-shot
-all-reduce does; one wait instead of N-1 steps.
+all-reduce does; one wait instead of N-1 steps. Where ranks outnumber the cores, and the
+transport reads each rank's block straight out of its owner's memory (`read_in_one_exchange`),
+larger ones do too, up to the blocks for which the two-shot passes below pay: the same bytes
+move as in the ring, and each of its N-1 steps would wait for a peer to get a core.
 
 Where ranks outnumber the cores, large blocks take the two-shot all-reduce's first pass
 (`two_shot_reduce_scatter`, two_shot.py): every rank starts sending each peer its block, then
@@ -26,7 +29,7 @@ from transports.base import ReduceOp, Transport
 from .all_reduce import reduce_in_rank_order
 from .blocks import own_blocks
 from .ring import reduce_scatter_pass
-from .two_shot import reduce_own_chunk
+from .two_shot import AUTO_CHUNK_BYTES, reduce_own_chunk
 
 
 def ring_reduce_scatter(transport: Transport, mine: Any, work: Any, op: ReduceOp,
@@ -44,6 +47,22 @@ def ring_reduce_scatter(transport: Transport, mine: Any, work: Any, op: ReduceOp
     if average:
         transport.xp.true_divide(result, size, out=result)
     return result
+
+
+def read_in_one_exchange(transport: Transport, nbytes: int) -> bool:
+    """Whether a reduce-scatter of equal blocks, `nbytes` in all, takes one exchange at any
+    size: on more than 2 ranks that outnumber the cores, where the transport reads each
+    rank's block in place (`Transport.reads_in_place`), blocks smaller than those for which
+    the two-shot passes pay (AUTO_CHUNK_BYTES), unless `one_shot_bytes` is 0 (never). The
+    same on every rank. Measured on 4 ranks sharing 2 cores (README, "A reduce-scatter in
+    one exchange on shared cores"): 1 MiB took 680-718 us so against 1280-1295 by the ring,
+    2 MiB 1624-1636 against 2347-2366; 4 MiB (1 MiB blocks) took longer so than by the
+    two-shot passes, 3544-3822 against 3319-3546."""
+    size = transport.size
+    block = nbytes // size
+    return (size > 2 and transport.oversubscribed and transport.one_shot_bytes > 0
+            and 0 < block < AUTO_CHUNK_BYTES
+            and transport.reads_in_place(((0, block),) * size, nbytes))
 
 
 def one_shot_reduce_scatter(transport: Transport, mine: Any, op: ReduceOp, average: bool,

@@ -655,6 +655,76 @@ def large_read_in_place_case(comm: Any, dtype: str) -> dict:
     return out
 
 
+# Bytes in a block of `large_reduce_scatter_case`: on 3 ranks, more in all than an area of the
+# "one_shot" variant, and less than a block from which the two-shot passes pay.
+LARGE_REDUCED_BLOCK_BYTES = (512 << 10) + 64
+
+
+def large_reduce_scatter_case(comm: Any, dtype: str, op: str) -> dict:
+    """Reduce-scatters of equal blocks larger in all than the transport's one-shot area, as
+    if the ranks outnumbered the cores, with every exchange that can read its inputs in place
+    doing so: each then takes one exchange (collectives/reduce_scatter.py,
+    `read_in_one_exchange`). Each result by itself, into a recvbuf, into a strided one, into
+    its own block of the input (in place), and with rank 0 alone strided; then how many
+    peers' blocks each rank read in place (None: the transport cannot read a peer's memory),
+    and where it can, how many calls took the general path rather than the lane, and what a
+    mismatched call (rank 0 with another op, on the general path) left in its result."""
+    transport, rank, size = comm._transport, comm.rank, comm.size
+    count = LARGE_REDUCED_BLOCK_BYTES // numpy.dtype(dtype).itemsize
+    can_read = getattr(transport, "single_copy", False)
+    read: list[int] = []
+    general = [0]
+    general_path = comm._reduce_scatter
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        general[0] += 1
+        return general_path(*args, **kwargs)
+
+    if can_read:
+        saved = (transport.reads_inputs_from, transport.reads_inputs_above,
+                 transport.oversubscribed)
+        transport.reads_inputs_from, transport.reads_inputs_above = 1, 0
+        transport.oversubscribed = True
+        move = transport._move
+
+        def counted(*args: Any) -> Any:
+            if args[2].endswith("'s input"):  # (`_new_exchange_in_place`'s reads)
+                read.append(args[1])
+            return move(*args)
+        transport._move = counted
+    comm._reduce_scatter = spy
+    blocks = values(rank, size * count, dtype).reshape(size, count)
+    out: dict[str, Any] = {}
+    try:
+        out["alone"] = comm.reduce_scatter(blocks, op=op)
+        into = numpy.empty(count, dtype)
+        comm.reduce_scatter(blocks, into, op=op)
+        strided = _strided(numpy.empty(count, dtype))
+        comm.reduce_scatter(blocks, strided, op=op)
+        in_place = blocks.copy()
+        comm.reduce_scatter(in_place, in_place[rank], op=op)
+        out.update({"into": into, "strided": strided, "in place": in_place[rank],
+                    "mixed": comm.reduce_scatter(_strided(blocks) if rank == 0
+                                                 else blocks.copy(), op=op)})
+        if can_read:
+            into = numpy.zeros(count, dtype)
+            other = "min" if op == "max" else "max"
+            try:
+                comm.reduce_scatter(blocks, into, op=other if rank == 0 else op)
+                out["mismatch"] = "no error"
+            except MismatchError:
+                out["mismatch"] = "untouched" if not into.any() else "written"
+    finally:
+        del comm._reduce_scatter
+        if can_read:
+            (transport.reads_inputs_from, transport.reads_inputs_above,
+             transport.oversubscribed) = saved
+            del transport._move
+    out["read in place"] = len(read) if can_read else None
+    out["general path"] = general[0]
+    return out
+
+
 def _small_lanes(comm: Any, dtype: str, op: str) -> dict:
     """Each call that has a small-call lane (collectives/small.py) besides all_reduce (a
     sendrecv around the ring too), once its kind is known: by the lane, by the general path

@@ -20,8 +20,8 @@ import pytest
 
 import collectives
 from collectives.ops import identity
-from cases import (LANES, LARGE_BLOCK, LARGE_IN_PLACE_BYTES, assert_matches,
-                   reduce_reference, values)
+from cases import (LANES, LARGE_BLOCK, LARGE_IN_PLACE_BYTES, LARGE_REDUCED_BLOCK_BYTES,
+                   assert_matches, reduce_reference, values)
 from launch import mpiexec
 from transports.mpi import KEPT_SIZES
 
@@ -166,6 +166,32 @@ def test_all_to_alls_and_all_gathers_read_in_place_take_one_exchange_at_any_size
             assert outcome["mismatch"] == "untouched", outcome["mismatch"]
             strided = 1 if rank == 0 else 0  # (the "mixed" call)
             assert general == {"all_to_all": strided, "all_gather": strided}, general
+
+
+@pytest.mark.parametrize("dtype, op", [("float64", "sum"), ("int32", "max")])
+def test_reduce_scatters_read_in_place_take_one_exchange_where_ranks_share_cores(run, dtype,
+                                                                                 op):
+    """Where ranks outnumber the cores, a reduce-scatter whose blocks are read in place takes
+    one exchange, larger than an area too (below the blocks for which the two-shot passes
+    pay): each result is NumPy's, bitwise the same in every form (by itself, into a recvbuf,
+    a strided one, in place, rank 0 alone strided). Where a rank can read its peers' memory
+    (shm), each call read every peer's block in place, the calls took the lane but the
+    first of their op and rank 0's strided one, which met the others' lanes, and a mismatch
+    raised on every rank, leaving the result untouched."""
+    count = LARGE_REDUCED_BLOCK_BYTES // numpy.dtype(dtype).itemsize
+    outcomes = run("large_reduce_scatter_case", SIZE, "one_shot", dtype=dtype, op=op)
+    for rank, outcome in enumerate(outcomes):
+        blocks = [values(r, SIZE * count, dtype).reshape(SIZE, count) for r in range(SIZE)]
+        want = reduce_reference(op, [theirs[rank] for theirs in blocks]).astype(dtype)
+        assert_matches(outcome["alone"], want, dtype)
+        for form in ("into", "strided", "in place", "mixed"):
+            assert outcome[form].tobytes() == outcome["alone"].tobytes(), form
+        if outcome["read in place"] is not None:  # (shm, with direct reads)
+            # five calls, from every peer
+            assert outcome["read in place"] == 5 * (SIZE - 1), outcome["read in place"]
+            assert outcome["mismatch"] == "untouched", outcome["mismatch"]
+            # the first call of its op; on rank 0, the strided and the mismatched ones too
+            assert outcome["general path"] == (3 if rank == 0 else 1), outcome["general path"]
 
 
 def test_prepared_exchanges_outlive_a_sweep_of_more_sizes_than_the_transport_keeps(run):
