@@ -13,7 +13,8 @@ first offers a call to this lane, which takes it when it is the common case:
 blocking, of a contiguous NumPy array no larger than the transport's `one_shot_bytes`, of a
 kind the general path has taken before where there is an op (so it is resolved for the
 dtype), nothing queued, not traced. An all-to-all or an all-gather takes it at any size where
-the transport reads what each rank takes in place (`Communicator._read_in_place`): the general
+the transport reads what each rank takes in place (`Communicator._read_in_place`), and so
+does a reduce-scatter where it also takes one exchange (`read_in_one_exchange`): the general
 path makes the same one exchange then, and its Python, paid at any size, cost a 1 MiB
 all-to-all on four ranks sharing two cores a fifth of its time. The lane then does what the
 general path's one-shot form would do for that call, and only that:
