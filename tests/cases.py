@@ -667,8 +667,9 @@ def large_reduce_scatter_case(comm: Any, dtype: str, op: str) -> dict:
     `read_in_one_exchange`). Each result by itself, into a recvbuf, into a strided one, into
     its own block of the input (in place), and with rank 0 alone strided; then how many
     peers' blocks each rank read in place (None: the transport cannot read a peer's memory),
-    and where it can, how many calls took the general path rather than the lane, and what a
-    mismatched call (rank 0 with another op, on the general path) left in its result."""
+    and where it can, how many calls after the first (which resolves its op) took the general
+    path rather than the lane, and what a mismatched call (rank 0 with another op) left in
+    its result."""
     transport, rank, size = comm._transport, comm.rank, comm.size
     count = LARGE_REDUCED_BLOCK_BYTES // numpy.dtype(dtype).itemsize
     can_read = getattr(transport, "single_copy", False)
@@ -697,6 +698,7 @@ def large_reduce_scatter_case(comm: Any, dtype: str, op: str) -> dict:
     out: dict[str, Any] = {}
     try:
         out["alone"] = comm.reduce_scatter(blocks, op=op)
+        general[0] = 0
         into = numpy.empty(count, dtype)
         comm.reduce_scatter(blocks, into, op=op)
         strided = _strided(numpy.empty(count, dtype))
@@ -706,6 +708,7 @@ def large_reduce_scatter_case(comm: Any, dtype: str, op: str) -> dict:
         out.update({"into": into, "strided": strided, "in place": in_place[rank],
                     "mixed": comm.reduce_scatter(_strided(blocks) if rank == 0
                                                  else blocks.copy(), op=op)})
+        out["general path"] = general[0]
         if can_read:
             into = numpy.zeros(count, dtype)
             other = "min" if op == "max" else "max"
@@ -721,7 +724,6 @@ def large_reduce_scatter_case(comm: Any, dtype: str, op: str) -> dict:
              transport.oversubscribed) = saved
             del transport._move
     out["read in place"] = len(read) if can_read else None
-    out["general path"] = general[0]
     return out
 
 

@@ -936,6 +936,7 @@ def two_shot_scenario() -> None:
             assert picked == ("two_shot" if two_shot else "ring"), (chunk, picked)
         # Its first pass is the reduce-scatter where ranks outnumber cores, from blocks of
         # AUTO_CHUNK_BYTES: every block sent at once, then this rank's reduced from each peer.
+        # Smaller blocks there, read in place, take one exchange (`read_in_one_exchange`).
         block = collectives.two_shot.AUTO_CHUNK_BYTES // 8  # float64
         peers = [(rank + step) % size for step in range(1, size)]
         for count, op, in_place in ((block, "sum", False), (block + 3, "avg", True),
@@ -952,6 +953,10 @@ def two_shot_scenario() -> None:
             if transport.oversubscribed and count * 8 >= collectives.two_shot.AUTO_CHUNK_BYTES:
                 assert moved == [*(("copy", p, None) for p in peers),
                                  *(("reduce", None, p) for p in peers)], moved
+            elif collectives.reduce_scatter.read_in_one_exchange(transport, mine.nbytes):
+                assert transport.oversubscribed
+                assert moved == [("copy", p, (rank - step) % size)
+                                 for step, p in enumerate(peers, 1)], moved
             else:
                 right, left = (rank + 1) % size, (rank - 1) % size
                 assert moved == [("reduce", right, left)] * (size - 1), moved
