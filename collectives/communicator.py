@@ -929,14 +929,14 @@ class Communicator:
         return not async_op and type(buf) is numpy.ndarray and 0 < buf.nbytes <= self._small_bytes
 
     def _read_in_place(self, buf: Any, async_op: bool, blocks: int) -> bool:
-        """Whether an all-to-all (`blocks`: the number of ranks, each taking one block of
-        each input) or an all-gather (1: each input whole) on `buf`, larger than `_small`,
-        takes its lane (small.py) all the same: where the transport reads what each rank takes
-        in place at any size, so that the general path would make the lane's one exchange too
-        (`_one_shot`; a reduce-scatter's, where it also takes one exchange,
-        `read_in_one_exchange`). The general path's Python around it, paid at any size, is felt most
-        where ranks outnumber the cores: each rank waits for every other twice a call (README,
-        "Large calls in the lane, and copies read directly on shared cores")."""
+        """Whether an all-to-all or a reduce-scatter (`blocks`: the number of ranks, each
+        taking one block of each input) or an all-gather (1: each input whole) on `buf`,
+        larger than `_small`, may take its lane (small.py) all the same: where the transport
+        reads what each rank takes in place at any size. The general path then makes the
+        lane's one exchange too (`_one_shot`; a reduce-scatter's where `read_in_one_exchange`
+        says so, which its caller asks as well), and the Python around it, paid at any size,
+        is felt most where ranks outnumber the cores: each rank waits for every other twice a
+        call (README, "Large calls in the lane, and copies read directly on shared cores")."""
         if not (self._lane_messages and not async_op and type(buf) is numpy.ndarray
                 and buf.nbytes > 0 and self._transport.one_shot_bytes > 0):
             return False
