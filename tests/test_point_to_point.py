@@ -65,6 +65,7 @@ def test_a_pair_on_the_general_path_meets_one_on_the_shortest_way(run):
         assert result["got"] == expected, result["got"]
         for key in ("bytes_sent", "bytes_received"):
             assert result["stats"][key] == 6 * 5 * 8, result["stats"]
+        assert result["stats"]["messages"] == 6, result["stats"]
 
 
 @pytest.mark.parametrize("sent, expected", [("float64", "float64"), ("int8", "complex128"),
