@@ -107,16 +107,28 @@ def reads_from_root(transport: Transport, nbytes: int) -> bool:
 
 def one_sided_broadcast(transport: Transport, work: Any, root: int) -> None:
     """Broadcast the flat contiguous host array `work` from `root` one-sided: one exchange
-    (which also carries the call's check) says where the root's buffer lies
-    (`Transport.locate`); each other rank reads it whole into `work` (`Transport.get`); then
-    the barrier, after which the root's buffer may change. Counted as what moves: the root's
-    buffer to each other rank."""
-    rank = transport.rank
-    where = numpy.zeros(1, numpy.uint64)
-    if rank == root:
-        where[0] = transport.locate(work)
+    (which also carries the call's check) says where the root's buffer lies (`where_root`);
+    each other rank reads it whole into `work`, then the barrier (`read_from_root`)."""
     transport.at("broadcast")
-    said = transport.all_inputs(where, counted=False)
+    said = transport.all_inputs(where_root(transport, work, root), counted=False)
+    read_from_root(transport, said, root, work)
+
+
+def where_root(transport: Transport, work: Any, root: int) -> Any:
+    """What a rank publishes in a one-sided broadcast's exchange: the root, where its `work`
+    lies (`Transport.locate`); the others, 0."""
+    where = numpy.zeros(1, numpy.uint64)
+    if transport.rank == root:
+        where[0] = transport.locate(work)
+    return where
+
+
+def read_from_root(transport: Transport, said: list[Any], root: int, work: Any) -> None:
+    """The rest of a one-sided broadcast, once every rank's word has come (`said`): each other
+    rank reads the root's buffer whole into `work` (`Transport.get`); then the barrier, after
+    which the root's buffer may change. Counted as what moves: the root's buffer to each
+    other rank."""
+    rank = transport.rank
     if rank != root:
         transport.get(root, int(said[root][0]), 0, work)
         transport.count(None, None, work, root)

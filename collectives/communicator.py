@@ -447,7 +447,7 @@ class Communicator:
 
     def broadcast(self, buf: Any, root: int = 0, *, async_op: bool = False) -> Any:
         """Copy the root's `buf` into `buf` on every rank (in place); returns `buf`."""
-        if self._small(buf, async_op):
+        if self._small(buf, async_op) or self._one_sided(buf, async_op):
             result = small_broadcast(self, buf, root)
             if result is not GENERAL:
                 return result
@@ -942,6 +942,15 @@ class Communicator:
             return False
         block = buf.nbytes // blocks
         return self._transport.reads_in_place(((0, block),) * self.size, buf.nbytes)
+
+    def _one_sided(self, buf: Any, async_op: bool) -> bool:
+        """Whether a broadcast of `buf`, larger than `_small`, takes its lane all the same:
+        where it goes one-sided (`reads_from_root`), its one exchange says where the root's
+        buffer lies, and the lane prepares that as it does the others (small.py). The general
+        path's Python around it is felt where ranks outnumber the cores, as `_read_in_place`
+        says."""
+        return self._lane_messages and not async_op and type(buf) is numpy.ndarray \
+            and reads_from_root(self._transport, buf.nbytes)
 
     def _lane_message(self, buf: Any, async_op: bool) -> bool:
         """Whether a message of `buf` may take the small-call lane (small.py), whatever its

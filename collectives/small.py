@@ -14,10 +14,11 @@ blocking, of a contiguous NumPy array no larger than the transport's `one_shot_b
 kind the general path has taken before where there is an op (so it is resolved for the
 dtype), nothing queued, not traced. An all-to-all or an all-gather takes it at any size where
 the transport reads what each rank takes in place (`Communicator._read_in_place`), and so
-does a reduce-scatter where it also takes one exchange (`read_in_one_exchange`): the general
-path makes the same one exchange then, and its Python, paid at any size, cost a 1 MiB
-all-to-all on four ranks sharing two cores a fifth of its time. The lane then does what the
-general path's one-shot form would do for that call, and only that:
+does a reduce-scatter where it also takes one exchange (`read_in_one_exchange`), and a
+broadcast where it goes one-sided (`reads_from_root`: its one exchange says where the root's
+buffer lies): the general path makes the same one exchange then, and its Python, paid at any
+size, cost a 1 MiB all-to-all on four ranks sharing two cores a fifth of its time. The lane
+then does what the general path's one-shot form would do for that call, and only that:
 
 1. number the call;
 2. make the exchange that the general path makes (`transport.all_inputs`): every rank's
@@ -58,6 +59,7 @@ from .all_reduce import reduce_in_rank_order, with_own
 from .arguments import NUMERIC, output
 from .arrays import overlap
 from .blocks import equal, every_input, from_root, own_blocks, peers_inputs, to_root
+from .broadcast import read_from_root, reads_from_root, where_root
 from .check import MessagesDiffer, judge_pair, pair_kind, pair_said
 from .point_to_point import MessageName
 from .scan import finish, prefix
@@ -145,9 +147,12 @@ def small_reduce(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, op: str
 
 def small_broadcast(comm: Any, buf: numpy.ndarray, root: int) -> Any:
     """`comm.broadcast(buf, root)` by the lane, or GENERAL: every rank publishes its `buf`
-    (the general path's exchange), and all but the root take the root's, into `buf`."""
+    (the general path's exchange), and all but the root take the root's, into `buf`; or,
+    larger than that exchange holds, one-sided (`_one_sided_broadcast`)."""
     if not _open(comm, buf) or not buf.flags.writeable or not _is_rank(comm, root):
         return GENERAL
+    if buf.nbytes > comm._small_bytes:
+        return _one_sided_broadcast(comm, buf, root)
     transport = comm._transport
     key = ("broadcast", root, buf.dtype, buf.shape)
     kind = comm._small_calls.get(key) or _learn(
@@ -161,6 +166,30 @@ def small_broadcast(comm: Any, buf: numpy.ndarray, root: int) -> Any:
     else:
         transport.copied_whole()  # (the others copy ours whole)
         _exchange(comm, kind[2], buf)
+    return buf
+
+
+def _one_sided_broadcast(comm: Any, buf: numpy.ndarray, root: int) -> Any:
+    """A broadcast larger than one exchange holds, where it goes one-sided (`reads_from_root`:
+    on ranks that outnumber the cores), as the general path's `one_sided_broadcast`: its
+    exchange of where the root's buffer lies prepared as the lane's others are, checked with
+    the broadcast's descriptor (uncounted: the root's buffer counts as it moves); else
+    GENERAL."""
+    transport = comm._transport
+    if buf.dtype.kind not in NUMERIC or not reads_from_root(transport, buf.nbytes):
+        return GENERAL
+    key = ("broadcast", root, buf.dtype, buf.shape)
+    exchange = comm._small_calls.get(key)
+    if exchange is None:
+        if len(comm._small_calls) >= KINDS_KEPT:
+            comm._small_calls.clear()
+        call = comm._descriptor("broadcast", buf.size, buf.dtype, root=root) \
+            if comm._checking else None
+        exchange = comm._small_calls[key] = transport.prepare_all_inputs(
+            (1,), numpy.uint64, "broadcast", call, [])
+    flat = _flat(buf)
+    said = _exchange(comm, exchange, where_root(transport, flat, root))
+    _messages(comm, lambda: read_from_root(transport, said, root, flat))
     return buf
 
 

@@ -1274,8 +1274,10 @@ def one_sided_broadcast_scenario() -> None:
     reads the root's buffer once, whole, straight out of its memory (none out of registered
     memory: a copy out of the root's mapping), and no slot line is announced; from every root,
     strided and registered buffers too. `stats` counts the root's buffer to each rank. Ranks
-    whose sizes differ raise MismatchError, every one, having taken nothing. (On a machine with
-    a core per rank, the ranks are told they share cores, as they all agree.)"""
+    whose sizes differ raise MismatchError, every one, having taken nothing. The plain calls
+    take the lane (collectives/small.py), and a rank on the general path (a strided buffer)
+    meets the others' lanes. (On a machine with a core per rank, the ranks are told they share
+    cores, as they all agree.)"""
     from collectives.broadcast import reads_from_root
 
     os.environ["RINGCC_SINGLE_COPY"] = "1"
@@ -1291,6 +1293,10 @@ def one_sided_broadcast_scenario() -> None:
         read = transport.memory.read
         transport.memory.read = lambda pid, address, into: (moved.append(("read", into.nbytes)),
                                                             read(pid, address, into))
+        general: list[int] = []  # the calls that took the general path
+        general_path = comm._broadcast
+        comm._broadcast = lambda *args, **kwargs: (general.append(1),
+                                                   general_path(*args, **kwargs))[1]
         for root in range(size):
             moved.clear()
             comm.stats.reset()
@@ -1303,11 +1309,14 @@ def one_sided_broadcast_scenario() -> None:
             stats = comm.stats
             assert (stats.bytes_sent, stats.bytes_received, stats.messages) == (
                 ((size - 1) * count * 8, 0, size - 1) if rank == root else (0, count * 8, 0)), stats
-        strided = numpy.zeros((count, 2))
+        assert general == [], general
+        # rank 0 alone strided, on the general path: it meets the others' lanes
+        buf = numpy.zeros((count, 2))[:, 0] if rank == 0 else numpy.zeros(count)
         if rank == 1:
-            strided[:, 0] = numpy.arange(count)
-        comm.broadcast(strided[:, 0], root=1)
-        numpy.testing.assert_array_equal(strided[:, 0], numpy.arange(count))
+            buf[:] = numpy.arange(count)
+        comm.broadcast(buf, root=1)
+        numpy.testing.assert_array_equal(buf, numpy.arange(count))
+        assert len(general) == (rank == 0), general
         registered = comm.empty(count)
         registered[...] = numpy.arange(count) if rank == 0 else -1
         moved.clear()
@@ -1325,6 +1334,8 @@ def one_sided_broadcast_scenario() -> None:
         assert said is not None and moved == [] and (mine == rank).all(), (said, moved)
         got = comm.broadcast(numpy.full(count, float(rank)), root=size - 1)
         assert (got == size - 1).all()
+        assert len(general) == (rank == 0), general
+        del comm._broadcast
     print("one-sided broadcast ok", flush=True)
 
 
