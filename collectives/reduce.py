@@ -27,7 +27,10 @@ and receive S at the root, but each rank would reduce the whole buffer, and the 
 would reach the root only after N-1 hops. Both keep scratch at S on every rank but the root.
 
 Small buffers take one exchange instead (`one_shot_reduce`): every rank publishes its buffer,
-and the root reduces all N in rank order, as the one-shot all-reduce does.
+and the root reduces all N in rank order, as the one-shot all-reduce does. Where ranks
+outnumber the cores and the transport reads each chunk in place, the first pass is one
+exchange too, below the chunks for which the two-shot passes pay (`read_in_one_exchange`),
+as the reduce-scatter's is.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from .all_reduce import reduce_in_rank_order, with_own
 from .blocks import to_root
 from .chunking import chunk_bounds
 from .gather import gather_to_root, inputs_at_root
+from .reduce_scatter import one_shot_reduce_scatter, read_in_one_exchange
 from .ring import reduce_scatter_pass
 
 
@@ -53,10 +57,15 @@ def reduce_to_root(transport: Transport, mine: Any, work: Any, op: ReduceOp, roo
             work[...] = mine
         return
     bounds = chunk_bounds(work.size, size)
-    owned = reduce_scatter_pass(transport, work, bounds, op, first=-1, mine=mine)
-    chunk = work[slice(*bounds[owned])]
-    if average:
-        transport.xp.true_divide(chunk, size, out=chunk)
+    if work.size % size == 0 and read_in_one_exchange(transport, mine.nbytes):
+        # (Where ranks outnumber the cores: the first pass in one exchange, reduce_scatter.py.)
+        chunk = work[slice(*bounds[rank])]
+        one_shot_reduce_scatter(transport, mine, op, average, bounds, chunk)
+    else:
+        owned = reduce_scatter_pass(transport, work, bounds, op, first=-1, mine=mine)
+        chunk = work[slice(*bounds[owned])]
+        if average:
+            transport.xp.true_divide(chunk, size, out=chunk)
     gather_to_root(transport, None if rank == root else chunk, work, bounds, root)
 
 

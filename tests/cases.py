@@ -669,7 +669,8 @@ def large_reduce_scatter_case(comm: Any, dtype: str, op: str) -> dict:
     peers' blocks each rank read in place (None: the transport cannot read a peer's memory),
     and where it can, how many calls after the first (which resolves its op) took the general
     path rather than the lane, and what a mismatched call (rank 0 with another op) left in
-    its result."""
+    its result; then a reduce of the same blocks to the last rank, and how many peers' inputs
+    its first pass read in place."""
     transport, rank, size = comm._transport, comm.rank, comm.size
     count = LARGE_REDUCED_BLOCK_BYTES // numpy.dtype(dtype).itemsize
     can_read = getattr(transport, "single_copy", False)
@@ -709,6 +710,11 @@ def large_reduce_scatter_case(comm: Any, dtype: str, op: str) -> dict:
                     "mixed": comm.reduce_scatter(_strided(blocks) if rank == 0
                                                  else blocks.copy(), op=op)})
         out["general path"] = general[0]
+        before = len(read)
+        out["read in place"] = before if can_read else None
+        # a reduce's first pass is the same reduce-scatter (reduce.py)
+        out["reduce"] = comm.reduce(blocks.reshape(-1), op=op, root=size - 1)
+        out["reduce read in place"] = len(read) - before if can_read else None
         if can_read:
             into = numpy.zeros(count, dtype)
             other = "min" if op == "max" else "max"
@@ -723,7 +729,6 @@ def large_reduce_scatter_case(comm: Any, dtype: str, op: str) -> dict:
             (transport.reads_inputs_from, transport.reads_inputs_above,
              transport.oversubscribed) = saved
             del transport._move
-    out["read in place"] = len(read) if can_read else None
     return out
 
 

@@ -177,7 +177,8 @@ def test_reduce_scatters_read_in_place_take_one_exchange_where_ranks_share_cores
     a strided one, in place, rank 0 alone strided). Where a rank can read its peers' memory
     (shm), each call read every peer's block in place, the calls after the first took the
     lane but rank 0's strided one, which met the others' lanes, and a mismatch raised on
-    every rank, leaving the result untouched."""
+    every rank, leaving the result untouched. A reduce of the same blocks makes its first pass
+    so too (collectives/reduce.py): the root's result is NumPy's."""
     count = LARGE_REDUCED_BLOCK_BYTES // numpy.dtype(dtype).itemsize
     outcomes = run("large_reduce_scatter_case", SIZE, "one_shot", dtype=dtype, op=op)
     for rank, outcome in enumerate(outcomes):
@@ -186,11 +187,18 @@ def test_reduce_scatters_read_in_place_take_one_exchange_where_ranks_share_cores
         assert_matches(outcome["alone"], want, dtype)
         for form in ("into", "strided", "in place", "mixed"):
             assert outcome[form].tobytes() == outcome["alone"].tobytes(), form
+        if rank == SIZE - 1:  # a reduce of the same blocks, to the last rank
+            flat = [theirs.reshape(-1) for theirs in blocks]
+            assert_matches(outcome["reduce"], reduce_reference(op, flat).astype(dtype), dtype)
+        else:
+            assert outcome["reduce"] is None
         if outcome["read in place"] is not None:  # (shm, with direct reads)
             # five calls, from every peer
             assert outcome["read in place"] == 5 * (SIZE - 1), outcome["read in place"]
             assert outcome["mismatch"] == "untouched", outcome["mismatch"]
             assert outcome["general path"] == (rank == 0), outcome["general path"]
+            # the reduce's first pass: its chunk of every peer's input, read in place
+            assert outcome["reduce read in place"] == SIZE - 1, outcome["reduce read in place"]
 
 
 def test_prepared_exchanges_outlive_a_sweep_of_more_sizes_than_the_transport_keeps(run):
