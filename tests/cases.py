@@ -584,6 +584,33 @@ def small_lanes_case(comm: Any, dtype: str, op: str, read_in_place: bool = False
 LARGE_IN_PLACE_BYTES = (1 << 20) + 64
 
 
+@contextlib.contextmanager
+def _read_in_place_counted(transport: Any, can_read: bool, crowded: bool = False) -> Any:
+    """Where `can_read` (the transport can read a peer's memory), every exchange that can read
+    its inputs in place does so, whatever their size (on ranks that share cores too), and with
+    `crowded` the ranks count as outnumbering the cores; yields the list of the peers whose
+    inputs were read so, in order (empty where not `can_read`)."""
+    read: list[int] = []
+    if not can_read:
+        yield read
+        return
+    saved = (transport.reads_inputs_from, transport.reads_inputs_above, transport.oversubscribed)
+    transport.reads_inputs_from, transport.reads_inputs_above = 1, 0
+    transport.oversubscribed = saved[2] or crowded
+    move = transport._move
+
+    def counted(*args: Any) -> Any:
+        if args[2].endswith("'s input"):  # (`_new_exchange_in_place`'s reads)
+            read.append(args[1])
+        return move(*args)
+    transport._move = counted
+    try:
+        yield read
+    finally:
+        transport.reads_inputs_from, transport.reads_inputs_above, transport.oversubscribed = saved
+        del transport._move
+
+
 def large_read_in_place_case(comm: Any, dtype: str) -> dict:
     """All-to-alls and all-gathers of blocks larger than the transport's one-shot area, every
     exchange that can read its inputs in place doing so, whatever their size: each then takes
@@ -595,17 +622,6 @@ def large_read_in_place_case(comm: Any, dtype: str) -> dict:
     transport, rank, size = comm._transport, comm.rank, comm.size
     count = LARGE_IN_PLACE_BYTES // numpy.dtype(dtype).itemsize
     can_read = getattr(transport, "single_copy", False)
-    reads_from, read = getattr(transport, "reads_inputs_from", None), []
-    above = getattr(transport, "reads_inputs_above", 0)
-    if can_read:  # (on ranks that share cores too)
-        transport.reads_inputs_from, transport.reads_inputs_above = 1, 0
-        move = transport._move
-
-        def counted(*args: Any) -> Any:
-            if args[2].endswith("'s input"):  # (`_new_exchange_in_place`'s reads)
-                read.append(args[1])
-            return move(*args)
-        transport._move = counted
     blocks = values(rank, size * count, dtype).reshape(size, count)
     mine = values(rank, count, dtype)
     out: dict[str, Any] = {}
@@ -617,37 +633,35 @@ def large_read_in_place_case(comm: Any, dtype: str) -> dict:
             return general_path(*args, **kwargs)
         setattr(comm, f"_{name}", spy)
     try:
-        for name, x in (("all_to_all", blocks), ("all_gather", mine)):
-            call = getattr(comm, name)
-            out[name] = call(x)
-            into = numpy.empty((size, count), dtype)
-            strided = _strided(numpy.empty((size, count), dtype))
-            call(x, into)
-            call(x, strided)
-            if name == "all_to_all":
-                in_place = blocks.copy()
-                call(in_place, in_place)
-            else:  # MPI_IN_PLACE: each rank's input is its block of recvbuf
-                in_place = numpy.empty((size, count), dtype)
-                in_place[rank] = mine
-                call(in_place[rank], in_place)
-            out.update({f"{name} into": into, f"{name} strided": strided,
-                        f"{name} in place": in_place,
-                        f"{name} mixed": call(_strided(x) if rank == 0 else x.copy())})
-        if can_read:  # rank 0's all-to-all meets the others' all-gathers: all raise
-            into = numpy.zeros((size, count), dtype)
-            try:
-                if rank == 0:
-                    comm.all_to_all(blocks, into)
-                else:
-                    comm.all_gather(mine, into)
-                out["mismatch"] = "no error"
-            except MismatchError:
-                out["mismatch"] = "untouched" if not into.any() else "written"
+        with _read_in_place_counted(transport, can_read) as read:
+            for name, x in (("all_to_all", blocks), ("all_gather", mine)):
+                call = getattr(comm, name)
+                out[name] = call(x)
+                into = numpy.empty((size, count), dtype)
+                strided = _strided(numpy.empty((size, count), dtype))
+                call(x, into)
+                call(x, strided)
+                if name == "all_to_all":
+                    in_place = blocks.copy()
+                    call(in_place, in_place)
+                else:  # MPI_IN_PLACE: each rank's input is its block of recvbuf
+                    in_place = numpy.empty((size, count), dtype)
+                    in_place[rank] = mine
+                    call(in_place[rank], in_place)
+                out.update({f"{name} into": into, f"{name} strided": strided,
+                            f"{name} in place": in_place,
+                            f"{name} mixed": call(_strided(x) if rank == 0 else x.copy())})
+            if can_read:  # rank 0's all-to-all meets the others' all-gathers: all raise
+                into = numpy.zeros((size, count), dtype)
+                try:
+                    if rank == 0:
+                        comm.all_to_all(blocks, into)
+                    else:
+                        comm.all_gather(mine, into)
+                    out["mismatch"] = "no error"
+                except MismatchError:
+                    out["mismatch"] = "untouched" if not into.any() else "written"
     finally:
-        if can_read:
-            transport.reads_inputs_from, transport.reads_inputs_above = reads_from, above
-            del transport._move
         for name in general:
             delattr(comm, f"_{name}")
     out["read in place"] = len(read) if can_read else None
@@ -674,7 +688,6 @@ def large_reduce_scatter_case(comm: Any, dtype: str, op: str) -> dict:
     transport, rank, size = comm._transport, comm.rank, comm.size
     count = LARGE_REDUCED_BLOCK_BYTES // numpy.dtype(dtype).itemsize
     can_read = getattr(transport, "single_copy", False)
-    read: list[int] = []
     general = [0]
     general_path = comm._reduce_scatter
 
@@ -682,53 +695,38 @@ def large_reduce_scatter_case(comm: Any, dtype: str, op: str) -> dict:
         general[0] += 1
         return general_path(*args, **kwargs)
 
-    if can_read:
-        saved = (transport.reads_inputs_from, transport.reads_inputs_above,
-                 transport.oversubscribed)
-        transport.reads_inputs_from, transport.reads_inputs_above = 1, 0
-        transport.oversubscribed = True
-        move = transport._move
-
-        def counted(*args: Any) -> Any:
-            if args[2].endswith("'s input"):  # (`_new_exchange_in_place`'s reads)
-                read.append(args[1])
-            return move(*args)
-        transport._move = counted
     comm._reduce_scatter = spy
     blocks = values(rank, size * count, dtype).reshape(size, count)
     out: dict[str, Any] = {}
     try:
-        out["alone"] = comm.reduce_scatter(blocks, op=op)
-        general[0] = 0
-        into = numpy.empty(count, dtype)
-        comm.reduce_scatter(blocks, into, op=op)
-        strided = _strided(numpy.empty(count, dtype))
-        comm.reduce_scatter(blocks, strided, op=op)
-        in_place = blocks.copy()
-        comm.reduce_scatter(in_place, in_place[rank], op=op)
-        out.update({"into": into, "strided": strided, "in place": in_place[rank],
-                    "mixed": comm.reduce_scatter(_strided(blocks) if rank == 0
-                                                 else blocks.copy(), op=op)})
-        out["general path"] = general[0]
-        before = len(read)
-        out["read in place"] = before if can_read else None
-        # a reduce's first pass is the same reduce-scatter (reduce.py)
-        out["reduce"] = comm.reduce(blocks.reshape(-1), op=op, root=size - 1)
-        out["reduce read in place"] = len(read) - before if can_read else None
-        if can_read:
-            into = numpy.zeros(count, dtype)
-            other = "min" if op == "max" else "max"
-            try:
-                comm.reduce_scatter(blocks, into, op=other if rank == 0 else op)
-                out["mismatch"] = "no error"
-            except MismatchError:
-                out["mismatch"] = "untouched" if not into.any() else "written"
+        with _read_in_place_counted(transport, can_read, crowded=True) as read:
+            out["alone"] = comm.reduce_scatter(blocks, op=op)
+            general[0] = 0
+            into = numpy.empty(count, dtype)
+            comm.reduce_scatter(blocks, into, op=op)
+            strided = _strided(numpy.empty(count, dtype))
+            comm.reduce_scatter(blocks, strided, op=op)
+            in_place = blocks.copy()
+            comm.reduce_scatter(in_place, in_place[rank], op=op)
+            out.update({"into": into, "strided": strided, "in place": in_place[rank],
+                        "mixed": comm.reduce_scatter(_strided(blocks) if rank == 0
+                                                     else blocks.copy(), op=op)})
+            out["general path"] = general[0]
+            before = len(read)
+            out["read in place"] = before if can_read else None
+            # a reduce's first pass is the same reduce-scatter (reduce.py)
+            out["reduce"] = comm.reduce(blocks.reshape(-1), op=op, root=size - 1)
+            out["reduce read in place"] = len(read) - before if can_read else None
+            if can_read:
+                into = numpy.zeros(count, dtype)
+                other = "min" if op == "max" else "max"
+                try:
+                    comm.reduce_scatter(blocks, into, op=other if rank == 0 else op)
+                    out["mismatch"] = "no error"
+                except MismatchError:
+                    out["mismatch"] = "untouched" if not into.any() else "written"
     finally:
         del comm._reduce_scatter
-        if can_read:
-            (transport.reads_inputs_from, transport.reads_inputs_above,
-             transport.oversubscribed) = saved
-            del transport._move
     return out
 
 
