@@ -1053,9 +1053,9 @@ class SlotTransport(Transport):
         read_at = (self._share_line + peer) * WORDS + 3  # ours: we have read the peer's turn
         read_by = (self._share_line + self.rank) * WORDS + 3  # the peer's: it has read ours
         what = "read rank {}'s message"
-        # What `_count` adds to `stats` for the two messages, written out: a step is never
+        # What `_count` adds to `stats` for the two messages, summed once: a step is never
         # traced or watched (its caller takes those calls the general way).
-        stats, across = self.stats, peer in self.off_node
+        tally = self._tally([(sent_bytes, peer, expected_bytes, peer)])
 
         def step(mine: Any, into: Any, n_sent: int, n_expected: int) -> bool | tuple[int, ...]:
             if self._registered or self.pairs_read_from != reads_from:
@@ -1089,12 +1089,7 @@ class SlotTransport(Transport):
                 ours[read_at] = turn  # we have read it
                 if theirs[read_by] < turn:
                     self.wait(lambda: theirs[read_by] >= turn, peer, "its message to be read")
-            stats.bytes_sent += sent_bytes
-            stats.bytes_received += expected_bytes
-            stats.messages += 1
-            if across:
-                stats.inter_node_bytes_sent += sent_bytes
-                stats.inter_node_bytes_received += expected_bytes
+            tally()
             return True
         return step
 
