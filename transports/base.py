@@ -113,6 +113,25 @@ def place(inputs: list[Any], reads: Reads | None, into: Any) -> None:
             flat[at:at + hi - lo] = theirs.reshape(-1).view(numpy.uint8)[lo:hi]
 
 
+def placing(reads: Reads | None) -> Callable[[list[Any], Any], None]:
+    """`place` for calls that all name these `reads`, what does not depend on the call seen
+    once: where one rank's input is taken whole (a broadcast's), into a block of its shape
+    and dtype, one assignment. (A small broadcast's placement took 5.7 us by `place`.)"""
+    pieces = [] if reads is None else [(r, lo, hi) for r, (lo, hi) in enumerate(reads)
+                                       if lo < hi]
+    if len(pieces) != 1 or pieces[0][1] != 0:
+        return lambda inputs, into: place(inputs, reads, into)
+    root, _, hi = pieces[0]
+
+    def place_one(inputs: list[Any], into: Any) -> None:
+        theirs = inputs[root]
+        if hi == theirs.nbytes and into.shape == theirs.shape and into.dtype == theirs.dtype:
+            into[...] = theirs
+        else:
+            place(inputs, reads, into)
+    return place_one
+
+
 def _sent() -> None:
     """The wait of a send that is already whole."""
 
@@ -507,7 +526,7 @@ class Transport(ABC):
         may read them straight there; the exchange returns None. Here it is just that; a
         transport with a leaner way overrides this.
         """
-        tally = self._tally(moved)
+        tally, placed = self._tally(moved), placing(reads)
 
         def exchange(buf: Any, number: int, into: Any | None = None) -> Any:
             self.begin(f"{collective} #{number}", None if call is None else (number, *call),
@@ -517,7 +536,7 @@ class Transport(ABC):
             else:
                 inputs = self.all_inputs(buf, counted=False, reads=reads)
                 tally()
-            return inputs if into is None else place(inputs, reads, into)
+            return inputs if into is None else placed(inputs, into)
         return exchange
 
     def _prepare_one_shot(self, shape: tuple[int, ...], dtype: Any, collective: str,
@@ -539,7 +558,7 @@ class Transport(ABC):
         # spans them takes the general way there, which counts those bytes apart.)
         sent, received, messages, _, _ = self._sums(moved if moved is not None
                                                     else self.every_peer(nbytes))
-        stats = self.stats
+        stats, placed = self.stats, placing(reads)
 
         def exchange(buf: Any, number: int, into: Any | None = None) -> Any:
             if self.trace is not None or self.on_transfer is not None:
@@ -559,7 +578,7 @@ class Transport(ABC):
                 alongside, self._alongside = self._alongside, None
             if alongside is not None:  # (not made by the exchange)
                 alongside()
-            return inputs if into is None or inputs is None else place(inputs, reads, into)
+            return inputs if into is None or inputs is None else placed(inputs, into)
         return exchange
 
     def every_peer(self, nbytes: int) -> list[Moved]:
