@@ -64,7 +64,8 @@ from .check import MessagesDiffer, judge_pair, pair_kind, pair_said
 from .point_to_point import MessageName
 from .scan import finish, prefix
 from .scatter import (LENGTH, WHERE, blank, describe, description_bytes, give_blocks,
-                      inline_bytes, receive_described, send_blocks, take_block, where_at)
+                      inline_bytes, published_bytes, receive_described, send_blocks,
+                      take_block, where_at)
 
 KINDS_KEPT = 64  # kinds of call remembered; more means a sweep of sizes, so start again
 # The blocks of an all-to-all, an all-gather or a gather from this size are placed where they
@@ -348,11 +349,13 @@ def small_scatter(comm: Any, sendbuf: Any | None, recvbuf: Any | None, root: int
     if rank == root:
         if way is not INLINE and recvbuf is not None and overlap(recvbuf, mine, numpy):
             return GENERAL  # its block would be written while its peers read theirs
+        room = description_bytes(size)
         if way is INLINE:
-            room = description_bytes(size)
             publish[room:room + mine.nbytes] = mine.reshape(-1).view(numpy.uint8)
+            room += mine.nbytes
         elif way is ONE_SIDED:
             WHERE.pack_into(publish, where_at(size), transport.locate(mine))
+        transport.unread(room)  # (the rest of it no peer takes)
         _exchange(comm, exchange, publish)
         result = numpy.empty(block, mine.dtype) if recvbuf is None else recvbuf
         if way is INLINE:
@@ -367,6 +370,7 @@ def small_scatter(comm: Any, sendbuf: Any | None, recvbuf: Any | None, root: int
                                                 result))
         return result
     flat = mine.reshape(-1)
+    transport.unread()  # (none takes ours)
     said = _exchange(comm, exchange, publish)[root]
     if said[:len(expected)].tobytes() != expected:
         _messages(comm, lambda: receive_described(
@@ -567,11 +571,15 @@ def _learn_scatter(comm: Any, key: tuple, root: int, block: tuple[int, ...],
     if len(comm._small_calls) >= KINDS_KEPT:
         comm._small_calls.clear()
     nbytes = math.prod(block) * dtype.itemsize
-    way = INLINE if transport.size * nbytes <= inline_bytes(transport.size) else \
+    way = INLINE if transport.size * nbytes <= inline_bytes(transport) else \
         ONE_SIDED if transport.one_sided else MESSAGES
     described = describe(block, None, dtype.str, transport.size)
     length = LENGTH.size + LENGTH.unpack_from(described)[0]
-    publish = described.copy() if transport.rank == root else blank(transport.size)
+    if transport.rank == root:
+        publish = numpy.zeros(published_bytes(transport), numpy.uint8)
+        publish[:described.size] = described
+    else:
+        publish = blank(published_bytes(transport))
     call = comm._descriptor("scatter", -1, None, root=root) if comm._checking else None
     exchange = transport.prepare_all_inputs(
         publish.shape, publish.dtype, "scatter", call,

@@ -530,9 +530,16 @@ def small_call_case(comm: Any, dtype: str, op: str) -> dict:
 
 LANES = ("broadcast", "gather", "all_gather", "reduce", "reduce_scatter", "all_to_all", "scan",
          "exclusive scan", "sendrecv", "scatter", "large scatter")
-# Elements in a block of the "large scatter": more than its description's room for blocks on
-# 3 ranks, at any itemsize, so the blocks follow as messages (scatter.py).
-LARGE_BLOCK = 1200
+# Bytes in a block of the "large scatter": on 3 ranks, more in all than its description's room
+# for blocks (scatter.py's INLINE_BYTES where it is largest, on shm), so that they follow
+# one-sided or as messages; and less than the "one_shot" variant's one_shot_bytes, so that
+# the root takes the lane too.
+LARGE_BLOCK_BYTES = 64 << 10
+
+
+def large_block(dtype: str) -> int:
+    """Elements of `dtype` in a block of the "large scatter"."""
+    return LARGE_BLOCK_BYTES // numpy.dtype(dtype).itemsize
 
 
 def small_lanes_case(comm: Any, dtype: str, op: str, read_in_place: bool = False) -> dict:
@@ -740,7 +747,7 @@ def _small_lanes(comm: Any, dtype: str, op: str) -> dict:
     rank, size, root = comm.rank, comm.size, comm.size - 1
     mine = values(rank, 6, dtype).reshape(2, 3)
     blocks = values(rank, 6 * size, dtype).reshape(size, 2, 3)
-    large = values(rank, LARGE_BLOCK * size, dtype).reshape(size, LARGE_BLOCK)
+    large = values(rank, large_block(dtype) * size, dtype).reshape(size, large_block(dtype))
     calls = {  # lane -> (input, call(method, input, recvbuf)), the method public or general
         "broadcast": (mine, lambda m, x, into: m(x.copy() if into is None else into,
                                                    root=root)),
@@ -758,7 +765,7 @@ def _small_lanes(comm: Any, dtype: str, op: str) -> dict:
             x, numpy.empty((2, 3), dtype) if into is None and x.flags.c_contiguous else into,
             root=root)),
         "large scatter": (large, lambda m, x, into: m(
-            x, numpy.empty(LARGE_BLOCK, dtype) if into is None and x.flags.c_contiguous
+            x, numpy.empty(large_block(dtype), dtype) if into is None and x.flags.c_contiguous
             else into, root=root)),
     }
     out: dict[str, Any] = {}

@@ -101,6 +101,7 @@ def collectives_scenario(segment_bytes: str, one_shot_bytes: str, single_copy: s
         comm.sendrecv(numpy.arange(4.0), 1 - comm.rank)
     if int(one_shot_bytes):
         unread_inputs_stay_out_of_the_areas(comm)
+        scatters_carry_their_blocks_in_their_descriptions(comm)
     comm.barrier()
     comm.close()
     gc.collect()
@@ -146,6 +147,48 @@ def unread_inputs_stay_out_of_the_areas(comm) -> None:
                 elif rank == root:
                     numpy.testing.assert_array_equal(
                         got, everyone if collective == "gather" else everyone.sum(axis=0))
+
+
+def scatters_carry_their_blocks_in_their_descriptions(comm) -> None:
+    """White box: a scatter whose blocks fit its description's room (on shm, up to
+    scatter.INLINE_BYTES within the area) is its one exchange: no rank reads another's memory
+    or sends a message. The root's area takes its description and its blocks and nothing past
+    them (`Transport.unread` of what follows), the other ranks' take nothing. By the lane and
+    by the general path, from every root."""
+    from collectives.scatter import description_bytes, inline_bytes, published_bytes
+    from transports.slots import SLOTS
+
+    transport, rank, size = comm._transport, comm.rank, comm.size
+    assert transport.moves_what_is_read
+    block = min(inline_bytes(transport), 32 << 10) // size // 8  # float64s
+    assert size * block * 8 > 4096  # (more than a description holds where all of it moves)
+    areas = [transport._data[rank][lo:lo + published_bytes(transport)]
+             for lo in (SLOTS * transport.slot_bytes + parity * transport._area_bytes
+                        for parity in range(2))]
+    reads: list[int] = []
+    read = transport.memory.read
+    transport.memory.read = lambda pid, address, into: (reads.append(into.nbytes),
+                                                        read(pid, address, into))
+    try:
+        for root in range(size):
+            for general in (False, True):
+                blocks = numpy.arange(size * block, dtype=float).reshape(size, block) \
+                    + 1000 * root + 100 * general
+                comm.barrier()  # (no peer reads our areas now)
+                for area in areas:
+                    area[...] = 0xA5
+                sent = list(transport._sent)
+                got = comm.scatter(blocks if rank == root else None, numpy.empty(block),
+                                   root=root, async_op=general)
+                numpy.testing.assert_array_equal(got.wait() if general else got, blocks[rank])
+                assert reads == [] and transport._sent == sent, (reads, root, general)
+                held = description_bytes(size) + blocks.nbytes if rank == root else 0
+                assert all((area[held:] == 0xA5).all() for area in areas), (root, general)
+                assert (rank != root) or any(
+                    numpy.array_equal(area[description_bytes(size):held],
+                                      blocks.view(numpy.uint8).reshape(-1)) for area in areas)
+    finally:
+        transport.memory.read = read
 
 
 def registered_send_waits_for_a_slot(comm) -> None:
@@ -1231,7 +1274,7 @@ def one_sided_scatter_scenario() -> None:
         read = transport.memory.read
         transport.memory.read = lambda pid, address, into: (moved.append(("read", into.nbytes)),
                                                             read(pid, address, into))
-        block = 3000  # float64s: more than a description holds
+        block = 20_000  # float64s: more than a description holds (scatter.INLINE_BYTES)
         for root in range(size):
             blocks = numpy.arange(size * block, dtype=float).reshape(size, block) + root
             for given in (True, False):
@@ -1247,7 +1290,7 @@ def one_sided_scatter_scenario() -> None:
                 assert (stats.bytes_sent, stats.bytes_received, stats.messages) == (
                     ((size - 1) * block * 8, 0, size - 1) if rank == root
                     else (0, block * 8, 0)), stats
-        counts = [0 if r == 1 else 1000 * (r + 1) for r in range(size)]
+        counts = [0 if r == 1 else 40_000 * (r + 1) for r in range(size)]
         flat = numpy.arange(sum(counts), dtype=numpy.int32)
         moved.clear()
         got = comm.scatter(flat if rank == 0 else None, root=0, counts=counts)

@@ -20,7 +20,7 @@ import pytest
 
 import collectives
 from collectives.ops import identity
-from cases import (LANES, LARGE_BLOCK, LARGE_IN_PLACE_BYTES, LARGE_REDUCED_BLOCK_BYTES,
+from cases import (LANES, LARGE_IN_PLACE_BYTES, LARGE_REDUCED_BLOCK_BYTES, large_block,
                    assert_matches, reduce_reference, values)
 from launch import mpiexec
 from transports.mpi import KEPT_SIZES
@@ -58,7 +58,7 @@ def lane_references(dtype: str, op: str) -> dict[str, list]:
     mine = [values(r, 6, dtype).reshape(2, 3) for r in range(SIZE)]
     blocks = [values(r, 6 * SIZE, dtype).reshape(SIZE, 2, 3) for r in range(SIZE)]
     root = SIZE - 1
-    large = values(root, LARGE_BLOCK * SIZE, dtype).reshape(SIZE, LARGE_BLOCK)
+    large = values(root, large_block(dtype) * SIZE, dtype).reshape(SIZE, large_block(dtype))
     total = reduce_reference(op, mine).astype(dtype)
     return {
         "broadcast": [mine[root]] * SIZE,

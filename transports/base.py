@@ -247,12 +247,18 @@ class Transport(ABC):
         self.phase = ""  # which pass of the algorithm is running ("reduce-scatter"), for traces
         self.step = 0  # which step of that pass, for traces and error messages
         self._call: tuple[int, ...] | None = None  # the descriptor the next all_inputs carries
-        self._unread = False  # whether no peer takes this rank's input to the next (`unread`)
+        # The bytes of this rank's input to the next exchange past which no peer takes any
+        # (`unread`: 0, none taken); None: any may be.
+        self._unread_after: int | None = None
         self._copied_whole = False  # whether its peers copy it whole (`copied_whole`)
         self._keeps_own = False  # whether it takes its own bytes from its input (`keeps_own`)
         self._alongside: Callable[[], None] | None = None  # work of ours meanwhile (`alongside`)
         # Whether `locate` and `get` work: each rank can reach its peers' memory.
         self.one_sided = False
+        # Whether `all_inputs` moves no byte of a flat byte input past what `unread` says is
+        # taken: such an input may then carry room it seldom fills (a scatter's description)
+        # for the cost of what it fills.
+        self.moves_what_is_read = False
         self.closed = False
         self.abandoned: str | None = None  # why every wait is to stop at once (`abandon`)
         # Where this transport is a part of another (hierarchical.py), the world rank of each
@@ -286,12 +292,13 @@ class Transport(ABC):
         """
         self._what, self._number, self.phase, self.step, self._call = where, 0, phase, 0, call
 
-    def unread(self) -> None:
+    def unread(self, after: int = 0) -> None:
         """No peer takes any of this rank's input to its next `all_inputs` (a broadcast's other
-        ranks', a gather's or a reduce's root's, a scan's last rank's): a transport may leave
-        it unmoved. Said just before that exchange, on the ranks it is true of, and forgotten
-        after it, whether the transport heeded it or not."""
-        self._unread = True
+        ranks', a gather's or a reduce's root's, a scan's last rank's), or none past its first
+        `after` bytes (a scatter root's description, followed by what it holds of the blocks):
+        a transport may leave those unmoved. Said just before that exchange, on the ranks it
+        is true of, and forgotten after it, whether the transport heeded it or not."""
+        self._unread_after = after
 
     def copied_whole(self) -> None:
         """Each peer that takes this rank's input to its next `all_inputs` copies all of it
@@ -462,7 +469,7 @@ class Transport(ABC):
             inputs = self._all_inputs_counted(buf, counted, reads, into)
         finally:
             # (For this exchange only, whether it heeded them or not.)
-            self._unread = self._copied_whole = self._keeps_own = False
+            self._unread_after, self._copied_whole, self._keeps_own = None, False, False
             alongside, self._alongside = self._alongside, None
         if alongside is not None:  # (not made by the exchange)
             alongside()
@@ -574,7 +581,7 @@ class Transport(ABC):
                 inputs = move(buf, line) if into is None else move(buf, line, into)
             finally:
                 # (For this exchange only, whether it heeded them or not.)
-                self._unread = self._copied_whole = self._keeps_own = False
+                self._unread_after, self._copied_whole, self._keeps_own = None, False, False
                 alongside, self._alongside = self._alongside, None
             if alongside is not None:  # (not made by the exchange)
                 alongside()

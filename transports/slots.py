@@ -631,6 +631,8 @@ class SlotTransport(Transport):
         self.shares_from = SHARED_BYTES if self.single_copy and not self.oversubscribed else None
         # Blocks moved one-sided (`locate`, `get`: "One-sided moves"), where direct reads work.
         self.one_sided = self.single_copy and self.memory.in_host_region
+        # The one-shot areas take only the bytes of a flat byte input that peers take (`unread`).
+        self.moves_what_is_read = self.memory.in_host_region
         self._scratch = numpy.empty(READ_PIECE_BYTES, numpy.uint8) if self.single_copy else None
         # Middle-sized messages go by the road measured cheaper (`Roads`), where either can
         # run: direct reads work, and every rank has a core (the times of ranks that share one
@@ -1466,14 +1468,19 @@ class SlotTransport(Transport):
         # Host memory (the data in the host regions): a copy is a store, and reads of peers'
         # areas end as they return. (At 8 B each call of a function shows.)
         host = self.memory.in_host_region
+        # Of a flat byte input (a scatter's description), only the first bytes that peers
+        # take (`unread`) are copied.
+        in_part = host and len(shape) == 1 and numpy.dtype(dtype) == numpy.uint8
         word = PUBLISHED * WORDS
 
         def exchange(buf: Any, line: memoryview, into: Any | None = None) -> list[Any]:
             if not host:
                 settle()  # the previous turn's reads of peers' areas are done
             self._one_shots = turn = self._one_shots + 1
-            if self._unread:  # (none takes it: our area keeps what it held)
-                self._unread = False
+            after, self._unread_after = self._unread_after, None
+            if after is not None and (not after or in_part):
+                if after:  # (else none takes it: our area keeps what it held)
+                    ours[turn & 1][:after] = buf[:after]
             elif host:
                 ours[turn & 1][...] = buf
             elif nbytes:
@@ -1581,7 +1588,8 @@ class SlotTransport(Transport):
             ours_at = address_of(buf)
             into_at = None if into is None else address_of(into)
             word = self._address_word(buf) if registered else ours_at
-            unread, self._unread = self._unread, False
+            unread = self._unread_after == 0  # (some of it taken: all of it moves)
+            self._unread_after = None
             whole, self._copied_whole = self._copied_whole, False
             keeps, self._keeps_own = self._keeps_own, False
             alongside, self._alongside = self._alongside, None
