@@ -21,7 +21,7 @@ import numpy
 from collectives import small
 from collectives.small import PLACED_BYTES
 from transports.errors import MismatchError
-from transports.slots import IN_PLACE, INLINE, PAIR_AREA_BYTES
+from transports.slots import IN_PLACE, INLINE, pair_area_bytes
 
 DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
           "float16", "float32", "float64", "complex64", "complex128")
@@ -298,16 +298,17 @@ def mixed_paths_case(comm: Any) -> dict:
 
 
 def pair_areas_case(comm: Any) -> dict:
-    """Sendrecvs between ranks 0 and 1 of 8 B, PAIR_AREA_BYTES and PAIR_AREA_BYTES + 8 B each
-    way, noting the sizes of those that went through the pair areas (shm: None on a
-    transport without them); returns what each rank received, the sizes and the transport's
-    name."""
+    """Sendrecvs between ranks 0 and 1 of 8 B, a pair area (`pair_area_bytes` on shm) and a
+    pair area + 8 B each way, noting the sizes of those that went through the pair areas
+    (shm: None on a transport without them); returns what each rank received, the sizes and
+    the transport's name."""
     rank, got = comm.rank, []
     if rank > 1:
         return {"got": got, "through_areas": None, "transport": comm.transport}
     transport, taken = comm._transport, []
     areas = getattr(transport, "_pair_out", None) is not None
-    for count in (1, PAIR_AREA_BYTES // 8, PAIR_AREA_BYTES // 8 + 1):
+    area = pair_area_bytes(comm.size) // 8
+    for count in (1, area, area + 1):
         got.append(comm.sendrecv(values(rank, count, "float64"), 1 - rank).tolist())
         if areas and _last_mark(transport, 1 - rank) & INLINE:
             taken.append(8 * count)

@@ -20,7 +20,7 @@ import collectives
 from cases import values
 from collectives import check
 from launch import mpiexec, rank_env
-from transports.slots import PAIR_AREA_BYTES
+from transports.slots import pair_area_bytes
 
 TIMEOUT = 3  # seconds: a rank left waiting gives up after this
 
@@ -79,17 +79,17 @@ def test_the_lane_describes_a_sendrecv_as_the_general_path_does(sent, expected):
 
 
 def test_a_small_sendrecv_goes_through_the_pair_areas_on_shm(run):
-    """On shm a sendrecv of up to PAIR_AREA_BYTES each way with one peer is one publish and
+    """On shm a sendrecv of up to a pair area each way with one peer is one publish and
     one wait, through the pair areas (slots.py, "Pair areas"); a larger one is read in place
     or goes through the slots. Right on every transport."""
-    area = PAIR_AREA_BYTES // 8
+    area = pair_area_bytes(3) // 8
     for rank, result in enumerate(run("pair_areas_case", 3, "auto")):
         if rank == 2:
             continue
         assert result["got"] == [values(1 - rank, count, "float64").tolist()
                                  for count in (1, area, area + 1)]
         if result["transport"] == "shm":
-            assert result["through_areas"] == [8, PAIR_AREA_BYTES], result["through_areas"]
+            assert result["through_areas"] == [8, 8 * area], result["through_areas"]
 
 
 def test_a_sendrecv_read_in_place_meets_every_way_its_peer_sends(run):

@@ -125,7 +125,7 @@ exchange that names what each rank takes (`reads`) leaves a registered input of
 `references_from` or more (REFERENCE_BYTES, where every rank has a core) where it lies below
 `reads_inputs_from` too, where it would otherwise copy it into its area, and its owner then
 waits for its readers, as one read in place does; a pair's message from registered memory
-larger than a pair area is read in place at any size.
+of more than REGISTERED_PAIR_BYTES is read in place at any size.
 
 A call of one exchange (a small all-reduce, a call check) instead publishes its whole input in
 a one-shot area (`_all_inputs`), with its call descriptor beside it, and every rank reads every
@@ -178,7 +178,7 @@ that turn too, the check's six integers as its call line; the peer, seeing them,
 check with its call's descriptor (`_answer_collective`, `_answer_messages`). Both then raise,
 having taken each other's turn, so the next call of each lines up.
 
-Pair areas. A sendrecv with one peer of up to PAIR_AREA_BYTES each way, with its check (by a
+Pair areas. A sendrecv with one peer of up to a pair area each way, with its check (by a
 step readied once per kind of message, `prepare_pair_message`), is one publish and one wait, as
 a one-shot exchange is: each rank copies its data into its area for that peer (two per peer, by
 the parity of the pair's turn), writes the check's six integers in its pair line, marked
@@ -188,15 +188,15 @@ the turn between, which it says only after it has read this one. A peer whose wo
 marked (its message goes the general way: a traced rank, or a send alone) takes from the slots
 after its check, so the rank then sends through a slot, and takes the peer's from one, as the
 general way does. On host memory (the CUDA transport's data goes the general way). Memory per
-rank: 2 * PAIR_AREA_BYTES per peer. Measured on 2 ranks in a slow spell (a timed loop of
-sendrecvs, the steps readied once: `prepare_pair_message`), through 64 KiB areas against read
-in place: 14.1 against 23.1 us at 2 KiB, 16.0 against 23.5 at 8 KiB, 18.4 against 25.3 at 16
-KiB, 22.9 against 26.3 at 32 KiB, 31.4 against 30.4 at 64 KiB (MPICH's 4.6, 7.5, 8.3, 9.5,
-13.2). The areas hold 16 KiB, not 32: the memory of every rank's region grows with the ranks on
-the node.
+rank: two pair areas per peer (`pair_area_bytes`: 512 KiB on up to 4 ranks, less on more, so
+that a rank's stay within 4 MiB, but 16 KiB at least), touched only by the messages that use
+them. Measured on 2 ranks (README, "Messages through the pair areas up to 512 KiB"), a 32 KiB
+sendrecv took 35-36 us read in place and 22 through an area, 128 KiB 52 against 32, 512 KiB
+120-127 against 74-85; 1 MiB 220-224 against 389-391, out of the caches. (An earlier session,
+its direct reads cheaper, had found 64 KiB alike either way, and kept 16 KiB areas.)
 
-Pair messages read in place. A checked sendrecv with one peer of PAIR_IN_PLACE_BYTES or more
-each way (`prepare_pair_message`, `pair_message`), where direct reads work and every rank has a
+Pair messages read in place. A checked sendrecv with one peer of more than a pair area each
+way (`prepare_pair_message`, `pair_message`), where direct reads work and every rank has a
 core, is read in place: each rank writes the address of its data in the last word of its pair
 line, its words marked IN_PLACE; once the peer's line has come and agrees, it reads the peer's
 data straight into its own buffer, says so in its share line for the peer, and returns once the
@@ -282,13 +282,18 @@ BARRIER, PUBLISHED, READ, CONSUMED = 0, 1, 2, 3
 DIRECT_INPUT_BYTES = 512 << 10
 CROWDED_INPUT_BYTES = 256 << 10
 KEPT_EXCHANGES = 64  # one-shot exchanges kept, one per (shape, dtype) seen (and reads)
-PAIR_AREA_BYTES = 16 << 10  # a pair's message up to this size each way goes through pair areas
+# A pair's messages up to a pair area each way go through the pair areas (see "Pair areas"),
+# two per peer: of PAIR_AREA_MOST, or less where a rank's would not fit PAIR_AREAS_BYTES in all,
+# but never less than PAIR_AREA_LEAST (`pair_area_bytes`).
+PAIR_AREA_MOST = 512 << 10
+PAIR_AREAS_BYTES = 4 << 20
+PAIR_AREA_LEAST = 16 << 10
+# A pair's message from registered memory of more than this is read in place, out of the
+# peer's mapping (see "Registered memory").
+REGISTERED_PAIR_BYTES = 16 << 10
 INLINE = 1 << 61  # marks a pair line's first word: the message lies in the sender's pair area
 IN_PLACE = 1 << 60  # marks it: the message lies at the address in the line's last word
 MARKS = INLINE | IN_PLACE
-# A pair's messages from this size each way are read in place (see "Pair messages read in
-# place"), where direct reads work and every rank has a core.
-PAIR_IN_PLACE_BYTES = PAIR_AREA_BYTES + 1
 # An address word (a one-shot input's, or a pair message's, read in place) marked so says that
 # the data lies in registered memory: region << OFFSET_BITS | offset, which a peer copies out
 # of its own mapping of the owner's region (see "Registered memory").
@@ -360,6 +365,13 @@ class MemoryKind(Protocol):
 # Buffers that a peer may still write into (a shared message's receiver gave up waiting for the
 # sender's part): kept until exit, so that a late write never lands in reused memory.
 _LENT: list[Any] = []
+
+
+def pair_area_bytes(size: int) -> int:
+    """The bytes of each pair area on `size` ranks (see "Pair areas"): PAIR_AREA_MOST, or less,
+    in pages, where a rank's 2 * size would not fit PAIR_AREAS_BYTES; PAIR_AREA_LEAST at least."""
+    fits = PAIR_AREAS_BYTES // (2 * size) // PAGE * PAGE
+    return max(PAIR_AREA_LEAST, min(PAIR_AREA_MOST, fits))
 
 
 def _sender_part(nbytes: int, eighths: int = 4) -> int:
@@ -579,7 +591,8 @@ class SlotTransport(Transport):
         self._push_line = self._share_line + size
         control = -(-(self._push_line + size) * LINE // PAGE) * PAGE
         pairs_at = SLOTS * self.slot_bytes + 2 * self._area_bytes
-        data = pairs_at + (2 * size * PAIR_AREA_BYTES if self.memory.in_host_region else 0)
+        self._pair_area_bytes = pair_area_bytes(size)
+        data = pairs_at + (2 * size * self._pair_area_bytes if self.memory.in_host_region else 0)
         nbytes = control + (data if self.memory.in_host_region else 0)
         self._check_room(nbytes)
         regions = share_regions(self.comm, nbytes)
@@ -598,8 +611,8 @@ class SlotTransport(Transport):
         self._pair_out = self._pair_in = None
         if self.memory.in_host_region:
             def area(r: int, p: int, parity: int) -> Any:
-                lo = pairs_at + (2 * p + parity) * PAIR_AREA_BYTES
-                return memoryview(self._data[r][lo:lo + PAIR_AREA_BYTES])
+                lo = pairs_at + (2 * p + parity) * self._pair_area_bytes
+                return memoryview(self._data[r][lo:lo + self._pair_area_bytes])
             self._pair_out = [[area(self.rank, p, parity) for parity in range(2)]
                               for p in range(size)]
             self._pair_in = [[area(p, self.rank, parity) for parity in range(2)]
@@ -647,7 +660,7 @@ class SlotTransport(Transport):
         self.reads_inputs_above = self._area_bytes if self.oversubscribed else 0
         # A checked pair's messages from here up each way are read in place (see "Pair
         # messages read in place"); None: none are.
-        self.pairs_read_from = PAIR_IN_PLACE_BYTES if self.roads is not None else None
+        self.pairs_read_from = self._pair_area_bytes + 1 if self.roads is not None else None
         # One-shot inputs of this size or more in registered memory are left where they lie,
         # where the call names its reads (see "Registered memory"); None: none are. Not where
         # ranks outnumber cores: an owner waits for its readers, which wait for its core
@@ -953,14 +966,14 @@ class SlotTransport(Transport):
         nothing, for a message `message` must take; or the peer's words where they differ
         from `expected`, having withdrawn what was published and taken nothing. A checked,
         untraced message of `pairs_read_from` or more each way, of any size, is read in
-        place instead, as is one from registered memory of more than a pair area, whatever
+        place instead, as is one from registered memory of more than REGISTERED_PAIR_BYTES, whatever
         comes back (a peer whose message goes the general way meets it there). (A run of
         messages of one kind takes a readied step instead, `prepare_pair_message`, which alone
         uses the pair areas: this way takes the others, through the slots.)"""
         reads_from = self.pairs_read_from
         if said is not None and self.trace is None and self.on_transfer is None:
             word = self._address_word(mine) if self._registered else 0
-            if word & REGISTERED and mine.nbytes > PAIR_AREA_BYTES or reads_from is not None \
+            if word & REGISTERED and mine.nbytes > REGISTERED_PAIR_BYTES or reads_from is not None \
                     and mine.nbytes >= reads_from and into.nbytes >= reads_from:
                 return self._through_pair_lines(mine, peer, into, said, expected,
                                                 word or address_of(mine))
@@ -1037,8 +1050,8 @@ class SlotTransport(Transport):
         reads_from = self.pairs_read_from
         if reads_from is not None and sent_bytes >= reads_from and expected_bytes >= reads_from:
             how = IN_PLACE
-        elif self._pair_out is not None and 0 < sent_bytes <= PAIR_AREA_BYTES \
-                and 0 < expected_bytes <= PAIR_AREA_BYTES:
+        elif self._pair_out is not None and 0 < sent_bytes <= self._pair_area_bytes \
+                and 0 < expected_bytes <= self._pair_area_bytes:
             how = INLINE
         else:
             return None
