@@ -38,9 +38,9 @@ errors: the lane never decides what is wrong, only what is plain.
 
 Messages (send, recv, sendrecv: `small_message`) take a shorter lane, at any size: their
 arguments seen plain, then the transport's shortest way for a sendrecv with one peer (on shm
-the pair areas up to 16 KiB, the pair's messages read in place above where direct reads work
-and each rank has a core), by a step the transport readies once per kind of message
-(`prepare_pair_message`, kept as the collectives' exchanges are: `_pair_step`), or by
+the pair areas, up to 512 KiB on 2 ranks, the pair's messages read in place above them where
+direct reads work and each rank has a core), by a step the transport readies once per kind of
+message (`prepare_pair_message`, kept as the collectives' exchanges are: `_pair_step`), or by
 `pair_message`, else the general path's own moves (`Communicator._message`), without the
 decorator.
 """

@@ -3,8 +3,9 @@
 The slot protocol (slots.py) over host shared memory (shared_memory.py): each rank's slots and
 one-shot areas sit in its own POSIX shared-memory region, right after its control lines, and
 every other rank of the node maps that region read-only. Memory per rank, whatever the
-message: 4 slots of `segment_bytes` + 2 one-shot areas + 2 pair areas (16 KiB each) per peer +
-a control page, by default 3.1 MiB on 2 ranks, 2.1 MiB on 4, 1.8 MiB on 16.
+message: 4 slots of `segment_bytes` + 2 one-shot areas + 2 pair areas per peer (2 MiB in all at
+most, 512 KiB each on 2 ranks) + a control page, by default 5.0 MiB on 2 ranks, 4.0 MiB on 4,
+3.3 MiB on 16 (a page is only allocated once something is written to it).
 Nothing is left in /dev/shm after any exit, `kill -9` included (see shared_memory.py).
 
 Messages of 4 MiB and more in a ring step are read straight out of the sender's buffer, where

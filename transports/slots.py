@@ -188,12 +188,12 @@ the turn between, which it says only after it has read this one. A peer whose wo
 marked (its message goes the general way: a traced rank, or a send alone) takes from the slots
 after its check, so the rank then sends through a slot, and takes the peer's from one, as the
 general way does. On host memory (the CUDA transport's data goes the general way). Memory per
-rank: two pair areas per peer (`pair_area_bytes`: 512 KiB on up to 4 ranks, less on more, so
-that a rank's stay within 4 MiB, but 16 KiB at least), touched only by the messages that use
-them. Measured on 2 ranks (README, "Messages through the pair areas up to 512 KiB"), a 32 KiB
-sendrecv took 35-36 us read in place and 22 through an area, 128 KiB 52 against 32, 512 KiB
-120-127 against 74-85; 1 MiB 220-224 against 389-391, out of the caches. (An earlier session,
-its direct reads cheaper, had found 64 KiB alike either way, and kept 16 KiB areas.)
+rank: two pair areas per peer (`pair_area_bytes`: 512 KiB on 2 ranks, less on more, so that a
+rank's stay within 2 MiB, but 16 KiB at least), touched only by the messages that use them.
+Measured on 2 ranks (README, "Middle sizes"), a 32 KiB sendrecv took 35-36 us read in place
+and 22 through an area, 128 KiB 52 against 32, 512 KiB 120-127 against 74-85; 1 MiB 220-224
+against 389-391, out of the caches. (Measured before, when a direct read cost less here, 64
+KiB went alike either way, and the areas held 16 KiB.)
 
 Pair messages read in place. A checked sendrecv with one peer of more than a pair area each
 way (`prepare_pair_message`, `pair_message`), where direct reads work and every rank has a
@@ -286,7 +286,7 @@ KEPT_EXCHANGES = 64  # one-shot exchanges kept, one per (shape, dtype) seen (and
 # two per peer: of PAIR_AREA_MOST, or less where a rank's would not fit PAIR_AREAS_BYTES in all,
 # but never less than PAIR_AREA_LEAST (`pair_area_bytes`).
 PAIR_AREA_MOST = 512 << 10
-PAIR_AREAS_BYTES = 4 << 20
+PAIR_AREAS_BYTES = 2 << 20
 PAIR_AREA_LEAST = 16 << 10
 # A pair's message from registered memory of more than this is read in place, out of the
 # peer's mapping (see "Registered memory").
