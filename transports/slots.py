@@ -966,15 +966,16 @@ class SlotTransport(Transport):
         nothing, for a message `message` must take; or the peer's words where they differ
         from `expected`, having withdrawn what was published and taken nothing. A checked,
         untraced message of `pairs_read_from` or more each way, of any size, is read in
-        place instead, as is one from registered memory of more than REGISTERED_PAIR_BYTES, whatever
-        comes back (a peer whose message goes the general way meets it there). (A run of
+        place instead, as is one from registered memory of more than REGISTERED_PAIR_BYTES,
+        whatever comes back (a peer whose message goes the general way meets it there). (A run of
         messages of one kind takes a readied step instead, `prepare_pair_message`, which alone
         uses the pair areas: this way takes the others, through the slots.)"""
         reads_from = self.pairs_read_from
         if said is not None and self.trace is None and self.on_transfer is None:
             word = self._address_word(mine) if self._registered else 0
-            if word & REGISTERED and mine.nbytes > REGISTERED_PAIR_BYTES or reads_from is not None \
-                    and mine.nbytes >= reads_from and into.nbytes >= reads_from:
+            if word & REGISTERED and mine.nbytes > REGISTERED_PAIR_BYTES \
+                    or reads_from is not None and mine.nbytes >= reads_from \
+                    and into.nbytes >= reads_from:
                 return self._through_pair_lines(mine, peer, into, said, expected,
                                                 word or address_of(mine))
         if not self._straight(mine, into):
@@ -1490,10 +1491,11 @@ class SlotTransport(Transport):
             if not host:
                 settle()  # the previous turn's reads of peers' areas are done
             self._one_shots = turn = self._one_shots + 1
-            after, self._unread_after = self._unread_after, None
-            if after is not None and (not after or in_part):
-                if after:  # (else none takes it: our area keeps what it held)
-                    ours[turn & 1][:after] = buf[:after]
+            after, self._unread_after = self._unread_after, None  # (`unread`)
+            if after == 0:  # none takes it: our area keeps what it held
+                pass
+            elif after is not None and in_part:  # none takes what follows its first bytes
+                ours[turn & 1][:after] = buf[:after]
             elif host:
                 ours[turn & 1][...] = buf
             elif nbytes:
