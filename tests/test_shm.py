@@ -1122,6 +1122,35 @@ def test_place_lands_rank_rs_bytes_in_block_r_or_one_read_in_a_block_of_its_own(
         place(inputs, None, numpy.zeros(8, numpy.uint8))
 
 
+def test_placing_lands_what_place_lands_one_whole_block_by_one_assignment(monkeypatch):
+    """`placing(reads)`, made once for an exchange, lands the same bytes as `place`: one rank's
+    whole input into a block of its shape and dtype (a broadcast's) by one assignment, which
+    `place` is then not asked for; anything else (another shape or dtype, part of an input,
+    several reads, none named) by `place` itself."""
+    from transports import base
+
+    inputs = [(numpy.arange(6, dtype=numpy.float32) + 10 * r).reshape(2, 3) for r in range(3)]
+    cases = [(((0, 0), (0, 24), (0, 0)), numpy.zeros((2, 3), numpy.float32)),  # the assignment
+             (((0, 0), (0, 24), (0, 0)), numpy.zeros(6, numpy.float32)),  # another shape
+             (((0, 0), (0, 24), (0, 0)), numpy.zeros((2, 3), numpy.int32)),  # another dtype
+             (((0, 0), (8, 24), (0, 0)), numpy.zeros(4, numpy.float32)),  # part of one input
+             (((0, 8), (8, 16), (16, 24)), numpy.zeros(6, numpy.float32)),  # several reads
+             (None, numpy.zeros((3, 2, 3), numpy.float32))]  # every input whole
+    for reads, into in cases:
+        want = numpy.zeros_like(into)
+        base.place(inputs, reads, want)
+        base.placing(reads)(inputs, into)
+        assert into.tobytes() == want.tobytes(), reads
+    placed = base.placing(cases[0][0])
+
+    def refused(*args: object) -> None:
+        raise AssertionError("place was asked for a block one assignment lands")
+    monkeypatch.setattr(base, "place", refused)
+    into = numpy.zeros((2, 3), numpy.float32)
+    placed(inputs, into)
+    assert into.tobytes() == inputs[1].tobytes()
+
+
 def test_an_input_is_shared_while_copies_into_the_area_cost_more_than_slow():
     """`Sharing`: through the area for WARM calls, the cost starting at the least of them, then
     shared while copies into the area cost more than SLOW a byte, through the area once every
