@@ -8,16 +8,18 @@ several times what the exchange itself does.
 
 So each collective that moves small equal blocks in one exchange (all_reduce, broadcast,
 reduce, gather, all_gather, reduce_scatter, all_to_all, scan, and a scatter of blocks each
-rank knows the shape of, inside its description where they fit, else as messages after it)
-first offers a call to this lane, which takes it when it is the common case:
+rank knows the shape of, inside its description where they fit, else one-sided or as
+messages after it) first offers a call to this lane, which takes it when it is the common case:
 blocking, of a contiguous NumPy array no larger than the transport's `one_shot_bytes`, of a
 kind the general path has taken before where there is an op (so it is resolved for the
 dtype), nothing queued, not traced. An all-to-all or an all-gather takes it at any size where
 the transport reads what each rank takes in place (`Communicator._read_in_place`), and so
 does a reduce-scatter where it also takes one exchange (`read_in_one_exchange`), and a
 broadcast where it goes one-sided (`reads_from_root`: its one exchange says where the root's
-buffer lies): the general path makes the same one exchange then, and its Python, paid at any
-size, cost a 1 MiB all-to-all on four ranks sharing two cores a fifth of its time. The lane
+buffer lies), and a scatter at any size (its exchange is its description): the general path
+makes the same one exchange then, and its Python, paid at any size, cost a 1 MiB all-to-all on
+four ranks sharing two cores a fifth of its time, and a 2 MiB scatter on two ranks a fifth of
+its. The lane
 then does what the general path's one-shot form would do for that call, and only that:
 
 1. number the call;

@@ -619,6 +619,34 @@ def _read_in_place_counted(transport: Any, can_read: bool, crowded: bool = False
         del transport._move
 
 
+def large_scatter_case(comm: Any, dtype: str) -> dict:
+    """Scatters of blocks of LARGE_IN_PLACE_BYTES (more in all than the "one_shot" variant's
+    one_shot_bytes) from every root, a recvbuf given: what each rank got, and how many calls
+    took the general path rather than the lane (collectives/small.py); then rank 0 alone on
+    the general path (async), meeting the others' lanes."""
+    rank, size = comm.rank, comm.size
+    count = LARGE_IN_PLACE_BYTES // numpy.dtype(dtype).itemsize
+    general = [0]
+    general_path = comm._scatter
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        general[0] += 1
+        return general_path(*args, **kwargs)
+    comm._scatter = spy
+    try:
+        got = [comm.scatter(values(root, size * count, dtype).reshape(size, count)
+                            if rank == root else None, numpy.empty(count, dtype), root=root)
+               for root in range(size)]
+        taken, general[0] = general[0], 0
+        mixed = comm.scatter(values(0, size * count, dtype).reshape(size, count)
+                             if rank == 0 else None, numpy.empty(count, dtype), root=0,
+                             async_op=rank == 0)
+        mixed = mixed.wait() if rank == 0 else mixed
+    finally:
+        del comm._scatter
+    return {"got": got, "general path": taken, "mixed": mixed, "mixed general": general[0]}
+
+
 def large_read_in_place_case(comm: Any, dtype: str) -> dict:
     """All-to-alls and all-gathers of blocks larger than the transport's one-shot area, every
     exchange that can read its inputs in place doing so, whatever their size: each then takes

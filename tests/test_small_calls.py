@@ -168,6 +168,23 @@ def test_all_to_alls_and_all_gathers_read_in_place_take_one_exchange_at_any_size
             assert general == {"all_to_all": strided, "all_gather": strided}, general
 
 
+@pytest.mark.parametrize("variant", ["one_shot", "ring"])
+def test_a_scatter_takes_its_lane_at_any_size(run, variant):
+    """A scatter whose blocks are larger in all than `one_shot_bytes` takes the lane all the
+    same, its exchange being the blocks' description (collectives/small.py): right from every
+    root, no call on the general path; rank 0 alone on it (async) meets the others' lanes.
+    With one_shot_bytes=0 ("ring") none takes a lane."""
+    count = LARGE_IN_PLACE_BYTES // 8
+    for rank, outcome in enumerate(run("large_scatter_case", SIZE, variant, dtype="float64")):
+        for root, got in enumerate(outcome["got"]):
+            assert got.tobytes() == values(root, SIZE * count, "float64")[
+                rank * count:(rank + 1) * count].tobytes(), root
+        assert outcome["mixed"].tobytes() == values(0, SIZE * count, "float64")[
+            rank * count:(rank + 1) * count].tobytes()
+        assert outcome["general path"] == (0 if variant == "one_shot" else SIZE)
+        assert outcome["mixed general"] == (1 if variant == "ring" or rank == 0 else 0)
+
+
 @pytest.mark.parametrize("dtype, op", [("float64", "sum"), ("int32", "max")])
 def test_reduce_scatters_read_in_place_take_one_exchange_where_ranks_share_cores(run, dtype,
                                                                                  op):
