@@ -1072,6 +1072,10 @@ class SlotTransport(Transport):
         # What `_count` adds to `stats` for the two messages, summed once: a step is never
         # traced or watched (its caller takes those calls the general way).
         tally = self._tally([(sent_bytes, peer, expected_bytes, peer)])
+        # The pair areas as arrays of the messages' dtypes, made for the first call's (a copy
+        # between arrays of one dtype takes half a copy through a cast of bytes: 0.53 us
+        # against 1.13 and 1.31 at 8 B): the dtypes, then our areas, then the peer's.
+        typed: list[Any] = []
 
         def step(mine: Any, into: Any, n_sent: int, n_expected: int) -> bool | tuple[int, ...]:
             if self._registered or self.pairs_read_from != reads_from:
@@ -1080,7 +1084,11 @@ class SlotTransport(Transport):
             parity = turn & 1
             line = says[parity]
             if outs is not None:
-                outs[parity][:sent_bytes] = mine.data.cast("B")
+                if not typed or typed[0] is not mine.dtype or typed[1] is not into.dtype:
+                    typed[:] = (mine.dtype, into.dtype,
+                                [numpy.frombuffer(out, mine.dtype, mine.size) for out in outs],
+                                [numpy.frombuffer(area, into.dtype, into.size) for area in ins])
+                typed[2][parity][...] = mine
             else:
                 ours[line + WORDS - 1] = address_of(mine)
             pairs[peer] = turn  # (`_say`)
@@ -1098,7 +1106,7 @@ class SlotTransport(Transport):
                     return unmarked  # (nothing to withdraw, as `_through_pair_lines`)
                 return self._take_pair(mine, peer, into, turn, how)  # its data lies elsewhere
             if outs is not None:
-                into.data.cast("B")[:] = ins[parity][:expected_bytes]
+                into[...] = typed[3][parity]
             else:
                 self._move(self.memory.read, peer, what, theirs[line + WORDS - 1],
                            into.view(numpy.uint8))
