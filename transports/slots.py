@@ -606,8 +606,8 @@ class SlotTransport(Transport):
                        for d in self._data]
         self._slot_words = [(self._slot_line + j) * WORDS for j in range(SLOTS)]
         # Our pair areas for each peer, and each peer's for us, by the parity of the turn, as
-        # memoryviews (a copy between memoryviews costs half a copy between arrays at a few
-        # bytes); None where the data is not on the host (see "Pair areas").
+        # memoryviews (a readied step makes arrays of its messages' dtypes of them); None where
+        # the data is not on the host (see "Pair areas").
         self._pair_out = self._pair_in = None
         if self.memory.in_host_region:
             def area(r: int, p: int, parity: int) -> Any:
