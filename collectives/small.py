@@ -18,9 +18,8 @@ does a reduce-scatter where it also takes one exchange (`read_in_one_exchange`),
 broadcast where it goes one-sided (`reads_from_root`: its one exchange says where the root's
 buffer lies), and a scatter at any size (its exchange is its description): the general path
 makes the same one exchange then, and its Python, paid at any size, cost a 1 MiB all-to-all on
-four ranks sharing two cores a fifth of its time, and a 2 MiB scatter on two ranks a fifth of
-its. The lane
-then does what the general path's one-shot form would do for that call, and only that:
+four ranks sharing two cores a fifth of its time, as it did a 2 MiB scatter on two ranks. The
+lane then does what the general path's one-shot form would do for that call, and only that:
 
 1. number the call;
 2. make the exchange that the general path makes (`transport.all_inputs`): every rank's
