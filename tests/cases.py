@@ -619,6 +619,23 @@ def _read_in_place_counted(transport: Any, can_read: bool, crowded: bool = False
         del transport._move
 
 
+@contextlib.contextmanager
+def _general_path_counted(comm: Any, name: str) -> Any:
+    """Yields a one-item list counting the calls that take collective `name`'s general path
+    (`comm._<name>`) rather than its lane, until the block ends."""
+    general = [0]
+    general_path = getattr(comm, f"_{name}")
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        general[0] += 1
+        return general_path(*args, **kwargs)
+    setattr(comm, f"_{name}", spy)
+    try:
+        yield general
+    finally:
+        delattr(comm, f"_{name}")
+
+
 def large_scatter_case(comm: Any, dtype: str) -> dict:
     """Scatters of blocks of LARGE_IN_PLACE_BYTES (more in all than the "one_shot" variant's
     one_shot_bytes) from every root, a recvbuf given: what each rank got, and how many calls
@@ -626,14 +643,7 @@ def large_scatter_case(comm: Any, dtype: str) -> dict:
     the general path (async), meeting the others' lanes."""
     rank, size = comm.rank, comm.size
     count = LARGE_IN_PLACE_BYTES // numpy.dtype(dtype).itemsize
-    general = [0]
-    general_path = comm._scatter
-
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        general[0] += 1
-        return general_path(*args, **kwargs)
-    comm._scatter = spy
-    try:
+    with _general_path_counted(comm, "scatter") as general:
         got = [comm.scatter(values(root, size * count, dtype).reshape(size, count)
                             if rank == root else None, numpy.empty(count, dtype), root=root)
                for root in range(size)]
@@ -642,8 +652,6 @@ def large_scatter_case(comm: Any, dtype: str) -> dict:
                              if rank == 0 else None, numpy.empty(count, dtype), root=0,
                              async_op=rank == 0)
         mixed = mixed.wait() if rank == 0 else mixed
-    finally:
-        del comm._scatter
     return {"got": got, "general path": taken, "mixed": mixed, "mixed general": general[0]}
 
 
@@ -724,17 +732,9 @@ def large_reduce_scatter_case(comm: Any, dtype: str, op: str) -> dict:
     transport, rank, size = comm._transport, comm.rank, comm.size
     count = LARGE_REDUCED_BLOCK_BYTES // numpy.dtype(dtype).itemsize
     can_read = getattr(transport, "single_copy", False)
-    general = [0]
-    general_path = comm._reduce_scatter
-
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        general[0] += 1
-        return general_path(*args, **kwargs)
-
-    comm._reduce_scatter = spy
     blocks = values(rank, size * count, dtype).reshape(size, count)
     out: dict[str, Any] = {}
-    try:
+    with _general_path_counted(comm, "reduce_scatter") as general:
         with _read_in_place_counted(transport, can_read, crowded=True) as read:
             out["alone"] = comm.reduce_scatter(blocks, op=op)
             general[0] = 0
@@ -761,8 +761,6 @@ def large_reduce_scatter_case(comm: Any, dtype: str, op: str) -> dict:
                     out["mismatch"] = "no error"
                 except MismatchError:
                     out["mismatch"] = "untouched" if not into.any() else "written"
-    finally:
-        del comm._reduce_scatter
     return out
 
 
