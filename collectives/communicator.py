@@ -540,7 +540,7 @@ class Communicator:
         blocks.py): rank r gets the counts[r] elements of block r.
         """
         if counts is None and (self._small(sendbuf, async_op)
-                               or self._read_in_place(sendbuf, async_op, self.size)
+                               or self._lane_message(sendbuf, async_op)
                                and read_in_one_exchange(self._transport, sendbuf.nbytes)):
             result = small_reduce_scatter(self, sendbuf, recvbuf, op)
             if result is not GENERAL:
@@ -933,12 +933,12 @@ class Communicator:
         return not async_op and type(buf) is numpy.ndarray and 0 < buf.nbytes <= self._small_bytes
 
     def _read_in_place(self, buf: Any, async_op: bool, blocks: int) -> bool:
-        """Whether an all-to-all or a reduce-scatter (`blocks`: the number of ranks, each
-        taking one block of each input) or an all-gather (1: each input whole) on `buf`,
-        larger than `_small`, may take its lane (small.py) all the same: where the transport
-        reads what each rank takes in place at any size. The general path then makes the
-        lane's one exchange too (`_one_shot`; a reduce-scatter's where `read_in_one_exchange`
-        says so, which its caller asks as well), and the Python around it, paid at any size,
+        """Whether an all-to-all (`blocks`: the number of ranks, each taking one block of each
+        input) or an all-gather (1: each input whole) on `buf`, larger than `_small`, may take
+        its lane (small.py) all the same: where the transport reads what each rank takes in
+        place at any size (a reduce-scatter's caller asks `read_in_one_exchange`, which asks
+        the same of its blocks). The general path then makes the lane's one exchange too
+        (`_one_shot`), and the Python around it, paid at any size,
         is felt most where ranks outnumber the cores: each rank waits for every other twice a
         call (README, "Large calls in the lane, and copies read directly on shared cores")."""
         if not (self._lane_messages and not async_op and type(buf) is numpy.ndarray
