@@ -84,6 +84,7 @@ def main(collective: Collective, argv: list[str] | None = None) -> int:
                 "versions": versions(impls), "dtype": args.datatype,
                 "op": args.op if collective.reduces else "none", "root": root,
                 "iters": args.iters, "warmup": args.warmup_iters, "warmup_ms": args.warmup_ms,
+                "rounds": args.rounds,
                 "check": bool(args.check),
                 "registered": bool(args.registered),
                 "impls": [impl.name for impl in impls],

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -273,13 +274,20 @@ def measure_size(collective: Collective, impls: list[Impl], count: int, dtype: s
                                 own, bool(args.check) and not impl.reference, expected, op,
                                 root, args, world)
              for impl in impls if impl.can(collective.name, dtype)}
+    # Each round times every implementation once, in turn, so that each is timed across the
+    # same spells of the machine: the median round of each is compared.
+    rounds: dict[str, list[float]] = {name: [] for name in ready}
+    for _ in range(args.rounds):
+        for impl in impls:
+            if impl.name in ready:
+                rounds[impl.name].append(time_calls(ready[impl.name][0], impl, args, world))
     measured: dict[str, dict | None] = {}
     for impl in impls:
         if impl.name not in ready:
             measured[impl.name] = None
             continue
-        call, wrong = ready[impl.name]
-        time_us = time_calls(call, impl, args, world)
+        wrong = ready[impl.name][1]
+        time_us = statistics.median(rounds[impl.name])
         algbw = nbytes / time_us / 1e3
         # The memory bound moves the call's bytes, so its busbw takes the call's factor; a
         # device copy's is the hardware's own, a copy's bandwidth.
@@ -288,5 +296,6 @@ def measure_size(collective: Collective, impls: list[Impl], count: int, dtype: s
             "impl": impl.name, "collective": collective.name, "ranks": ranks, "bytes": nbytes,
             "count": count, "dtype": dtype, "op": op, "root": root, "time_us": time_us,
             "algbw_GBps": algbw, "busbw_GBps": algbw * factor,
-            "wrong": wrong, "registered": impl.registered is not None}
+            "wrong": wrong, "registered": impl.registered is not None,
+            "rounds_us": rounds[impl.name]}
     return measured

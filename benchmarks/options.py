@@ -145,6 +145,11 @@ def parse_args(collective: Collective, argv: list[str] | None = None,
                         help="before each timed loop, call on until every rank has spent "
                              "this long in it (20): a core that has been waiting or idle "
                              "runs at a lower clock for its first milliseconds of work")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="time every implementation this many times at each size, "
+                             "taking turns, and give each its median round (1): on a shared "
+                             "machine whose speed swings within minutes, a peer timed at "
+                             "another moment than ringcc is timed on another machine")
     parser.add_argument("-c", "--check", type=int, choices=(0, 1), default=1,
                         help="check every size against a NumPy reference first (1)")
     parser.add_argument("-o", "--op", choices=(*collectives.OPS, "all"), default="sum",
@@ -174,9 +179,10 @@ def parse_args(collective: Collective, argv: list[str] | None = None,
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
     parser.add_argument("--csv", metavar="FILE", help="write the rows as CSV")
     args = parser.parse_args(argv)
-    if args.iters < 1 or args.warmup_iters < 0 or not 0 <= args.warmup_ms < math.inf:
-        parser.error("-n must be at least 1, -w at least 0, and --warmup-ms a number of "
-                     "milliseconds, at least 0")
+    if args.iters < 1 or args.warmup_iters < 0 or not 0 <= args.warmup_ms < math.inf \
+            or args.rounds < 1:
+        parser.error("-n and --rounds must be at least 1, -w at least 0, and --warmup-ms a "
+                     "number of milliseconds, at least 0")
     args.device = args.device or ("cuda" if "cuda_ipc" in args.transport else "cpu")
     if "memory" in args.compare and args.device != "cpu":
         parser.error("--compare memory times host memory: with --device cuda, "

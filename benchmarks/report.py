@@ -65,7 +65,9 @@ def header(collective: Collective, args: argparse.Namespace, impls: list[Impl],
         f"# minBytes {args.minbytes} maxBytes {args.maxbytes} step: {args.stepfactor}(factor) "
         f"warmup iters: {args.warmup_iters} warmup ms: {args.warmup_ms:g} iters: {args.iters} "
         f"validation: {args.check} registered: {args.registered}",
-        "# time: mean per call over the timed iterations, slowest rank (max over ranks)",
+        "# time: mean per call over the timed iterations, slowest rank (max over ranks)"
+        + (f"; the median of {args.rounds} rounds, the implementations timed in turn"
+           if args.rounds > 1 else ""),
     ]
     if peers:
         lines.append(f"# ratio: peer time / {main} time (>1: {main} is faster)")
@@ -139,8 +141,10 @@ def write_json(path: str, meta: dict, rows: list[dict]) -> None:
 
 
 def write_csv(path: str, rows: list[dict]) -> None:
-    """The rows, one line each, with the JSON rows' keys as the header."""
+    """The rows, one line each, with the JSON rows' keys as the header (a list, the rounds'
+    times, as its numbers apart by spaces)."""
     with open(path, "w", newline="") as out:
         writer = csv.DictWriter(out, fieldnames=list(rows[0]) if rows else ["impl"])
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({key: " ".join(map(str, value)) if isinstance(value, list) else value
+                          for key, value in row.items()} for row in rows)

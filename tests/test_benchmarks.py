@@ -25,7 +25,7 @@ COLLECTIVES = [ALL_REDUCE, ALL_GATHER, BROADCAST, SCATTER, REDUCE_SCATTER]
 SCHEMA_META = {"collective", "ranks", "host", "versions", "dtype", "op", "root", "iters",
                "warmup", "warmup_ms", "command"}
 SCHEMA_ROW = ["impl", "collective", "ranks", "bytes", "count", "dtype", "op", "root", "time_us",
-              "algbw_GBps", "busbw_GBps", "wrong", "registered"]
+              "algbw_GBps", "busbw_GBps", "wrong", "registered", "rounds_us"]
 
 
 def torch_here() -> bool:
@@ -68,13 +68,15 @@ def test_options_in_nccl_tests_spelling():
     assert options.cases(ALL_REDUCE, args) == ([("float64", "max")], [])
     defaults = options.parse_args(ALL_REDUCE, [])
     assert (defaults.sizes, defaults.iters, defaults.warmup_iters, defaults.check,
-            defaults.warmup_ms) == ([32 << 20], 20, 5, 1, 20.0)
+            defaults.warmup_ms, defaults.rounds) == ([32 << 20], 20, 5, 1, 20.0, 1)
+    assert options.parse_args(ALL_REDUCE, ["--rounds", "5"]).rounds == 5
     assert options.parse_args(ALL_REDUCE, ["--warmup-ms", "0"]).warmup_ms == 0
     assert defaults.transport == ["auto"] and defaults.compare == [] and defaults.registered == 0
 
 
 @pytest.mark.parametrize("argv", [["--compare", "nccl"], ["-f", "1", "-b", "8", "-e", "64"],
-                                  ["-n", "0"], ["--warmup-ms", "-1"], ["-d", "bfloat16"],
+                                  ["-n", "0"], ["--rounds", "0"], ["--warmup-ms", "-1"],
+                                  ["-d", "bfloat16"],
                                   ["-o", "xor"], ["-c", "2"],
                                   ["--registered", "2"],
                                   ["--compare", "memory", "--device", "cuda"],
@@ -271,7 +273,7 @@ def test_poison_makes_every_element_wrong(dtype):
 def example_rows(ranks: int) -> list[dict]:
     return [dict(zip(SCHEMA_ROW, [impl, "all_reduce", ranks, size, size // 4, "float32", "sum",
                                   -1, 10.0 + size / 1e3, size / 1e4, 1.5 * size / 1e4, 0,
-                                  False]))
+                                  False, [10.0 + size / 1e3, 11.5 + size / 1e3]]))
             for impl in ("ringcc:mpi", "mpi") for size in (1024, 4096)]
 
 
@@ -301,6 +303,8 @@ def test_json_and_csv_round_trip(tmp_path):
         read = list(csv.DictReader(source))
     assert list(read[0]) == SCHEMA_ROW and [r["impl"] for r in read] == [r["impl"] for r in rows]
     assert [float(r["time_us"]) for r in read] == [r["time_us"] for r in rows]
+    assert [[float(t) for t in r["rounds_us"].split()] for r in read] == \
+        [r["rounds_us"] for r in rows]
 
 
 def test_table_rows_show_ratio_and_missing_peers():
@@ -432,14 +436,19 @@ def test_the_trainer_beside_pytorch_ddp_on_gloo_on_ringcc_and_with_its_hook():
 
 
 def test_all_reduce_beside_the_memory_bound(tmp_path):
+    """With --rounds 3, each implementation is timed three times at each size, and its time is
+    the median of those, which the table and the JSON give."""
     result = mpiexec(2, "-m", "benchmarks.all_reduce", "-b", "1K", "-e", "64K", "-f", "8",
-                     "-n", "3", "-w", "1", "--compare", "memory,mpi",
+                     "-n", "3", "-w", "1", "--compare", "memory,mpi", "--rounds", "3",
                      "--json", str(tmp_path / "r.json"), timeout=120)
-    rows = json.loads((tmp_path / "r.json").read_text())["rows"]
+    results = json.loads((tmp_path / "r.json").read_text())
+    rows = results["rows"]
     main = rows[0]["impl"]
     assert [row["impl"] for row in rows] == [main, "memory", "mpi"] * 3
+    assert results["meta"]["rounds"] == 3 and "the median of 3 rounds" in result.stdout
     for row in rows:
         assert list(row) == SCHEMA_ROW and row["time_us"] > 0
+        assert len(row["rounds_us"]) == 3 and row["time_us"] == sorted(row["rounds_us"])[1]
         assert row["wrong"] == (None if row["impl"] == "memory" else 0)
     table = [line.split() for line in result.stdout.splitlines() if not line.startswith("#")]
     assert [len(fields) for fields in table] == [5 + 4 + 3 + 3] * 3  # main's 4, 3 per peer
