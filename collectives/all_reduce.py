@@ -46,7 +46,9 @@ afterwards (shared memory, "Forwarded results").
 
 Small messages take a shorter road (`one_shot_all_reduce`): the ring's 2(N-1) steps each pay
 the latency a, while one-shot pays it about once. On ranks that outnumber the cores, large
-ones take the ring's two passes each in one step (two_shot.py). `auto_algorithm` picks.
+ones take the ring's two passes each in one step: by messages (two_shot.py), or, for
+middle-sized ones whose chunks a rank reads in place, in one exchange each
+(`reduce_scatter_all_gather`). `auto_algorithm` picks.
 """
 
 from __future__ import annotations
@@ -55,11 +57,25 @@ from typing import Any
 
 from transports.base import ReduceOp, Transport
 
-from .arrays import overlap
+from .all_gather import one_shot_all_gather
 from .blocks import peers_inputs
 from .chunking import chunk_bounds
+from .ops import reduce_in_rank_order, with_own
+from .reduce_scatter import one_shot_reduce_scatter, read_in_one_exchange
 from .ring import all_gather_pass, reduce_scatter_pass
 from .two_shot import two_shot_pays
+
+# `auto_algorithm` takes `reduce_scatter_all_gather` where ranks outnumber the cores and each
+# rank's chunk, read in place, is at most this (on 3 ranks, the last). Measured on 2 cores,
+# float32, the ring's time against this one's in one job (README, "Two exchanges for a
+# middle-sized all-reduce on shared cores"): on 4 ranks, 1 MiB (256 KiB chunks) 2432-2527 us
+# against 2015-2124, 2 MiB 4989-5405 against 4495-4692, 3 MiB (768 KiB chunks) 6238-6404
+# against 5902-6218; on 6 ranks 1.5 MiB 7776 against 5362, 3 MiB 11404 against 9588; on 3
+# ranks, which the ring's steps wait on less, 768 KiB 1806 against 1643, 1.1 MiB (384 KiB
+# chunks) 2570-2750 against 2417-2437 (and one slow run), but 1.5 MiB (512 KiB chunks)
+# 2571-2732 against 2781-3442.
+EXCHANGED_CHUNK_BYTES = 512 << 10
+EXCHANGED_CHUNK_BYTES_ON_3 = 384 << 10
 
 
 def ring_all_reduce(transport: Transport, work: Any, op: ReduceOp, average: bool = False,
@@ -112,28 +128,46 @@ def one_shot_all_reduce(transport: Transport, work: Any, op: ReduceOp,
                                                     out), op, average, out=out)
 
 
-def with_own(xp: Any, inputs: list[Any], mine: Any, rank: int, out: Any | None) -> list[Any]:
-    """The exchange's `inputs` with this rank's own, `mine`, in its place (the exchange need
-    not hold it: `peers_inputs`). A copy of it where `out` overlaps it and the reduction
-    would write `out` before reading it (`reduce_in_rank_order` reads inputs 0 and 1 first)."""
-    inputs = list(inputs)
-    inputs[rank] = mine if rank < 2 or out is None or not overlap(out, mine, xp) \
-        else mine.copy()
-    return inputs
+def reduce_scatter_all_gather(transport: Transport, work: Any, op: ReduceOp,
+                              average: bool = False, mine: Any | None = None) -> None:
+    """All-reduce as the ring's two passes, each made in one exchange (MPICH names it
+    reduce_scatter_allgather): a reduce-scatter in which rank r reads chunk r of every peer's
+    input where it lies and reduces it in rank order, then an all-gather in which each rank
+    reads every peer's reduced chunk (`one_shot_reduce_scatter`, `one_shot_all_gather`).
+
+    The ring's bytes, 2(N-1) chunks of S/N in and out of each rank, in 2 exchanges instead of
+    2(N-1) steps. Where ranks outnumber the cores, each of the ring's steps waits for a
+    neighbour that may not be running, while an exchange needs only that every rank has come
+    (two_shot.py says the same of its passes made by messages, which pay from larger chunks).
+    Each chunk is reduced on one rank, in rank order, then copied: every rank ends with
+    bitwise the same result. Chunks that differ in size (the count does not divide by N) are
+    gathered by the ring's pass instead: an exchange moves inputs of one size."""
+    size, rank = transport.size, transport.rank
+    mine = work if mine is None else mine
+    if size == 1 or work.size == 0:
+        if mine is not work:
+            work[...] = mine
+        return
+    bounds = chunk_bounds(work.size, size)
+    out = work[slice(*bounds[rank])]
+    # (In place, peers read their chunks of `work` before we write theirs: the exchange
+    # returns once every peer has read what it takes of ours.)
+    one_shot_reduce_scatter(transport, mine, op, average, bounds, out)
+    if work.size % size:
+        all_gather_pass(transport, work, bounds, first=0)
+    else:
+        one_shot_all_gather(transport, out, work, bounds)
 
 
-def reduce_in_rank_order(xp: Any, inputs: list[Any], op: ReduceOp, average: bool,
-                         out: Any | None = None) -> Any:
-    """(((x0 op x1) op x2) ...) of two or more `inputs` into `out` (a new array when None),
-    divided by their number when `average`: the same order on every rank, so the same bits.
-    With `out` None, the op makes the array (a scalar for 0-d inputs)."""
-    out = op(inputs[0], inputs[1]) if out is None else op(inputs[0], inputs[1], out=out)
-    if len(inputs) > 2:  # (two is the common case, and a slice costs a small call)
-        for later in inputs[2:]:
-            op(out, later, out=out)
-    if average:
-        xp.true_divide(out, len(inputs), out=out)
-    return out
+def exchanged_passes_pay(transport: Transport, count: int, itemsize: int) -> bool:
+    """Whether `auto` takes `reduce_scatter_all_gather` for `count` elements: equal chunks of
+    at most EXCHANGED_CHUNK_BYTES (EXCHANGED_CHUNK_BYTES_ON_3 on 3 ranks) that a
+    reduce-scatter reads in one exchange (`read_in_one_exchange`: more than 2 ranks that
+    outnumber the cores, each chunk read in place). The same on every rank."""
+    size = transport.size
+    most = EXCHANGED_CHUNK_BYTES_ON_3 if size == 3 else EXCHANGED_CHUNK_BYTES
+    return (count % size == 0 and count // size * itemsize <= most
+            and read_in_one_exchange(transport, count * itemsize))
 
 
 def auto_algorithm(transport: Transport, count: int, itemsize: int) -> str:
@@ -141,8 +175,10 @@ def auto_algorithm(transport: Transport, count: int, itemsize: int) -> str:
     `transport.one_shot_bytes` (at any size where `transport.one_shot_at_any_size`), else
     "hierarchical" on a transport that knows its nodes (transports/hierarchical.py: it has
     `across` nodes), "two_shot" on more than 2 ranks that outnumber the cores, for chunks of
-    AUTO_CHUNK_BYTES or more that the transport can keep under way (two_shot.py), else
-    "ring". The same on every rank: nothing here differs between ranks (not tracing)."""
+    AUTO_CHUNK_BYTES or more that the transport can keep under way (two_shot.py),
+    "reduce_scatter_all_gather" there for equal chunks read in place of up to
+    EXCHANGED_CHUNK_BYTES (`exchanged_passes_pay`), else "ring". The same on every rank:
+    nothing here differs between ranks (not tracing)."""
     if count * itemsize <= transport.one_shot_bytes or transport.one_shot_at_any_size:
         return "one_shot"
     if transport.across is not None:
@@ -150,4 +186,6 @@ def auto_algorithm(transport: Transport, count: int, itemsize: int) -> str:
     if two_shot_pays(transport,
                      [(hi - lo) * itemsize for lo, hi in chunk_bounds(count, transport.size)]):
         return "two_shot"
+    if exchanged_passes_pay(transport, count, itemsize):
+        return "reduce_scatter_all_gather"
     return "ring"

@@ -22,7 +22,8 @@ from transports.base import Reads, Stats, Transport
 from transports.errors import CollectiveError, InvalidArgumentError, InvalidTypeError
 
 from .all_gather import one_shot_all_gather, ring_all_gather
-from .all_reduce import auto_algorithm, one_shot_all_reduce, ring_all_reduce
+from .all_reduce import (auto_algorithm, one_shot_all_reduce, reduce_scatter_all_gather,
+                         ring_all_reduce)
 from .all_to_all import one_shot_all_to_all, pairwise_all_to_all
 from .arguments import check_buffers, check_root, check_writeable, output
 from .arrays import flat_work, overlap, same_memory
@@ -49,14 +50,18 @@ from .two_shot import two_shot_all_reduce, two_shot_pays
 from .work import Progress, Work
 
 # The ways `all_reduce` can run besides "auto" (which picks one-shot or the ring by size, the
-# hierarchical one on the hierarchical transport, or the two-shot one where ranks outnumber
-# the cores: all_reduce.auto_algorithm); the naive ones are there to teach what the ring
-# saves (naive.py).
+# hierarchical one on the hierarchical transport, or where ranks outnumber the cores the
+# two-shot one or the reduce-scatter and all-gather exchanges: all_reduce.auto_algorithm);
+# the naive ones are there to teach what the ring saves (naive.py).
 ALL_REDUCE_ALGORITHMS = {"ring": ring_all_reduce, "one_shot": one_shot_all_reduce,
                          "naive_ring": naive_ring_all_reduce,
                          "reduce_broadcast": reduce_broadcast_all_reduce,
                          "hierarchical": hierarchical_all_reduce,
-                         "two_shot": two_shot_all_reduce}
+                         "two_shot": two_shot_all_reduce,
+                         "reduce_scatter_all_gather": reduce_scatter_all_gather}
+# The algorithms whose first move is an exchange of every rank's input, which carries the
+# call check along (`_begin`'s `folded`).
+FOLDED = ("one_shot", "reduce_scatter_all_gather")
 # Every call the check tells apart (check.py numbers them by their place here). Point-to-point
 # calls are checked by the two ranks they concern, not here (check.pair_agree).
 CALLS = ("all_reduce", "all_gather", "broadcast", "scatter", "reduce_scatter", "barrier",
@@ -283,7 +288,8 @@ class Communicator:
         `minimum` and `maximum`, which return NaN where either side is NaN. `algorithm`: "auto"
         (one-shot up to the transport's `one_shot_bytes`, else the ring, or on the
         hierarchical transport the hierarchical one, or on ranks that outnumber the cores the
-        two-shot one), "ring", "one_shot", "hierarchical", "two_shot", or one of the naive
+        two-shot one or the reduce-scatter and all-gather exchanges), "ring", "one_shot",
+        "hierarchical", "two_shot", "reduce_scatter_all_gather", or one of the naive
         all-reduces kept to teach, "naive_ring" and "reduce_broadcast".
         With `async_op=True` it returns a `Work` (see the class).
         """
@@ -314,9 +320,10 @@ class Communicator:
         else:
             raise InvalidArgumentError(f"unknown all_reduce algorithm {algorithm!r}; expected "
                                        f"auto or one of {', '.join(ALL_REDUCE_ALGORITHMS)}")
-        # One-shot moves the data in one exchange, which carries the call check along.
+        # One-shot moves the data in one exchange, which carries the call check along, as
+        # the reduce-scatter and all-gather exchanges' first does.
         self._begin(name, sendbuf.size, sendbuf.dtype, op,
-                    folded=algorithm == "one_shot" and work.size > 0)
+                    folded=algorithm in FOLDED and work.size > 0)
         ALL_REDUCE_ALGORITHMS[algorithm](transport, work, ufunc, average=(op == "avg"),
                                          mine=mine)
         if copied:

@@ -1,11 +1,15 @@
-"""Reduction operators by name, and which dtypes each one accepts."""
+"""Reduction operators by name, which dtypes each one accepts, and the reduction of every
+rank's input in rank order, the same bits on every rank."""
 
 from __future__ import annotations
 
 from types import ModuleType
 from typing import Any
 
+from transports.base import ReduceOp
 from transports.errors import InvalidArgumentError, InvalidTypeError
+
+from .arrays import overlap
 
 OPS = ("sum", "prod", "min", "max", "avg")
 _UFUNC = {"sum": "add", "prod": "multiply", "min": "minimum", "max": "maximum", "avg": "add"}
@@ -47,3 +51,27 @@ def identity(op: str, dtype: Any, xp: ModuleType) -> Any:
         return dtype.type(xp.inf if op == "min" else -xp.inf)
     info = xp.iinfo(dtype)
     return dtype.type(info.max if op == "min" else info.min)
+
+
+def with_own(xp: Any, inputs: list[Any], mine: Any, rank: int, out: Any | None) -> list[Any]:
+    """The exchange's `inputs` with this rank's own, `mine`, in its place (the exchange need
+    not hold it: `peers_inputs`). A copy of it where `out` overlaps it and the reduction
+    would write `out` before reading it (`reduce_in_rank_order` reads inputs 0 and 1 first)."""
+    inputs = list(inputs)
+    inputs[rank] = mine if rank < 2 or out is None or not overlap(out, mine, xp) \
+        else mine.copy()
+    return inputs
+
+
+def reduce_in_rank_order(xp: Any, inputs: list[Any], op: ReduceOp, average: bool,
+                         out: Any | None = None) -> Any:
+    """(((x0 op x1) op x2) ...) of two or more `inputs` into `out` (a new array when None),
+    divided by their number when `average`: the same order on every rank, so the same bits.
+    With `out` None, the op makes the array (a scalar for 0-d inputs)."""
+    out = op(inputs[0], inputs[1]) if out is None else op(inputs[0], inputs[1], out=out)
+    if len(inputs) > 2:  # (two is the common case, and a slice costs a small call)
+        for later in inputs[2:]:
+            op(out, later, out=out)
+    if average:
+        xp.true_divide(out, len(inputs), out=out)
+    return out

@@ -39,7 +39,7 @@ from typing import Any
 
 from transports.base import ReduceOp, Transport
 
-from .all_reduce import reduce_in_rank_order, with_own
+from .ops import reduce_in_rank_order, with_own
 from .blocks import to_root
 from .chunking import chunk_bounds
 from .gather import gather_to_root, inputs_at_root

@@ -26,7 +26,7 @@ from typing import Any
 
 from transports.base import ReduceOp, Transport
 
-from .all_reduce import reduce_in_rank_order
+from .ops import reduce_in_rank_order
 from .blocks import own_blocks
 from .ring import reduce_scatter_pass
 from .two_shot import AUTO_CHUNK_BYTES, reduce_own_chunk

@@ -36,7 +36,7 @@ from typing import Any
 
 from transports.base import ReduceOp, Transport
 
-from .all_reduce import reduce_in_rank_order, with_own
+from .ops import reduce_in_rank_order, with_own
 from .ops import identity
 
 

@@ -56,7 +56,7 @@ import numpy
 from transports.base import Moved, Reads
 from transports.errors import CallsDiffer, MismatchError
 
-from .all_reduce import reduce_in_rank_order, with_own
+from .ops import reduce_in_rank_order, with_own
 from .arguments import NUMERIC, output
 from .arrays import overlap
 from .blocks import equal, every_input, from_root, own_blocks, peers_inputs, to_root

@@ -88,6 +88,19 @@ def all_reduce_case(comm: Any, count: int, dtype: str, op: str, layout: str,
     return {"result": numpy.ascontiguousarray(out), "stats": vars(comm.stats).copy()}
 
 
+def exchanged_all_reduce_case(comm: Any, count: int, dtype: str, op: str, layout: str,
+                              in_place: bool) -> dict:
+    """An all-reduce by the reduce-scatter and all-gather exchanges
+    (algorithm="reduce_scatter_all_gather", all_reduce.py), and what it added to `stats`."""
+    comm.stats.reset()
+    mine = laid_out(values(comm.rank, count, dtype), layout)
+    before = mine.copy()
+    out = comm.all_reduce(mine, mine if in_place else None, op=op,
+                          algorithm="reduce_scatter_all_gather")
+    assert out is mine if in_place else numpy.array_equal(mine, before)
+    return {"result": numpy.ascontiguousarray(out), "stats": vars(comm.stats).copy()}
+
+
 def all_gather_case(comm: Any, count: int, dtype: str, layout: str, given: bool) -> dict:
     mine = laid_out(values(comm.rank, count, dtype), layout)
     recvbuf = numpy.empty((comm.size, *mine.shape), mine.dtype) if given else None

@@ -60,6 +60,26 @@ def test_all_reduce(run, size, count, dtype_op, layout, in_place, variant):
     cases.check_all_reduce(results, count, dtype, op, layout)
 
 
+@fewer
+@given(size=sizes, count=counts, dtype_op=dtype_and_op(), layout=layouts,
+       in_place=st.booleans())
+@example(size=4, count=4 * 4099, dtype_op=("float64", "avg"), layout="flat", in_place=True)
+@example(size=5, count=1009, dtype_op=("int32", "max"), layout="strided", in_place=False)
+def test_all_reduce_by_its_reduce_scatter_and_all_gather_exchanges(run, size, count, dtype_op,
+                                                                   layout, in_place):
+    """algorithm="reduce_scatter_all_gather" (all_reduce.py) on every transport: NumPy's
+    result, bitwise the same on every rank, in the ring's bytes: 2(N-1) chunks of S/N sent and
+    received by each rank, 2(N-1) S over all ranks (uneven chunks too, gathered by the
+    ring's pass)."""
+    dtype, op = dtype_op
+    results = run("exchanged_all_reduce_case", size, "auto", count=count, dtype=dtype, op=op,
+                  layout=layout, in_place=in_place)
+    cases.check_all_reduce(results, count, dtype, op, layout)
+    moved = 2 * (size - 1) * count * numpy.dtype(dtype).itemsize
+    assert sum(r["stats"]["bytes_sent"] for r in results) == moved, results[0]["stats"]
+    assert sum(r["stats"]["bytes_received"] for r in results) == moved, results[0]["stats"]
+
+
 @examples
 @given(size=sizes, count=counts, dtype=dtypes, layout=layouts, given_out=st.booleans(),
        variant=variants)

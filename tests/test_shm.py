@@ -1006,6 +1006,53 @@ def two_shot_scenario() -> None:
     print("two_shot ok", flush=True)
 
 
+def exchanged_passes_scenario() -> None:
+    """`auto` takes the reduce-scatter and all-gather exchanges (all_reduce.py) exactly where
+    `exchanged_passes_pay` says: where ranks outnumber the cores, for equal chunks read in
+    place of up to EXCHANGED_CHUNK_BYTES (the ring for one element more, or for chunks that
+    differ); such a call is NumPy's result, bitwise the same on every rank, made of the two
+    exchanges alone (its trace: a block to and from each peer in each, no ring step); and a
+    rank whose call differs makes every rank raise."""
+    from mpi4py import MPI
+
+    from collectives import all_reduce
+    from transports.slots import CROWDED_INPUT_BYTES
+
+    with collectives.init("shm", timeout=30) as comm:
+        rank, size, transport = comm.rank, comm.size, comm._transport
+        most = (all_reduce.EXCHANGED_CHUNK_BYTES_ON_3 if size == 3
+                else all_reduce.EXCHANGED_CHUNK_BYTES) // 4  # float32
+        taken = transport.oversubscribed and size > 2
+        for count, picked in ((size * most, taken), (size * CROWDED_INPUT_BYTES // 4, taken),
+                              (size * most + size, False), (size * most - 1, False)):
+            assert all_reduce.auto_algorithm(transport, count, 4) == \
+                ("reduce_scatter_all_gather" if picked else "ring"), (count, picked)
+        if not taken:
+            print("exchanged passes: ranks do not outnumber the cores here", flush=True)
+            return
+        count = size * most
+        inputs = [cases.values(r, count, "float32") for r in range(size)]
+        with comm.trace() as records:
+            got = comm.all_reduce(inputs[rank])
+        cases.assert_matches(got, cases.reduce_reference("sum", inputs), "float32")
+        every = MPI.COMM_WORLD.allgather(got.tobytes())
+        assert every == [every[0]] * size
+        peers = {(rank + step) % size for step in range(1, size)}
+        assert {r["phase"] for r in records} == {"one-shot"}, records
+        assert sorted(r["dst"] for r in records if r["dst"] is not None) == sorted([*peers] * 2)
+        assert sorted(r["src"] for r in records if r["src"] is not None) == sorted([*peers] * 2)
+        mine = numpy.ones(count if rank else count + size, numpy.float32)
+        try:
+            comm.all_reduce(mine)
+            said = None
+        except collectives.MismatchError as error:
+            said = str(error)
+        assert said is not None and "count" in said, said
+        numpy.testing.assert_array_equal(comm.all_reduce(numpy.ones(count, numpy.float32)),
+                                         numpy.full(count, size, numpy.float32))
+    print("exchanged passes ok", flush=True)
+
+
 # ---- the tests -----------------------------------------------------------------------------
 
 def regions_of(output: str) -> list[str]:
@@ -1035,6 +1082,12 @@ def test_always_one_shot():
 def test_two_shot_all_reduce_is_numpys_result_bitwise_on_every_rank(ranks):
     job = mpiexec(ranks, __file__, "two_shot", timeout=90)
     assert job.stdout.count("two_shot ok") == ranks
+
+
+@pytest.mark.parametrize("ranks", [3, 4])
+def test_auto_takes_the_reduce_scatter_and_all_gather_exchanges_where_ranks_share_cores(ranks):
+    job = mpiexec(ranks, __file__, "exchanged_passes", timeout=90)
+    assert job.stdout.count("exchanged passes") == ranks
 
 
 def test_two_shot_is_refused_where_sends_cannot_run_ahead():
@@ -1540,7 +1593,7 @@ def test_a_scatters_blocks_move_one_sided_with_no_message(ranks):
 
 SCENARIOS = {"collectives": collectives_scenario, "failure": failure_scenario,
              "slot_holder": slot_holder_scenario, "late_reader": late_reader_scenario,
-             "two_shot": two_shot_scenario,
+             "two_shot": two_shot_scenario, "exchanged_passes": exchanged_passes_scenario,
              "errors": errors_scenario, "registered": registered_scenario,
              "mismatch": mismatch_scenario, "direct": direct_scenario,
              "shared_failure": shared_failure_scenario, "late_share": late_share_scenario,
