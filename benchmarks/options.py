@@ -176,6 +176,12 @@ def parse_args(collective: Collective, argv: list[str] | None = None,
                              "copy of the same size on the --device, rank 0 alone: the "
                              "copy bandwidth), memory (the least memory work of the call, "
                              "on every rank at once: the memory bound; --device cpu only)")
+    parser.add_argument("--algorithms", type=comma_list(tuple(collectives.ALL_REDUCE_ALGORITHMS)),
+                        default=[],
+                        help="all_reduce only: also time the main transport's all_reduce with "
+                             "each of these algorithms (e.g. ring,reduce_scatter_all_gather), "
+                             "in the same job, beside `auto`'s choice: each is a peer named "
+                             "algorithm:<name>, its ratio its time / the main's")
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
     parser.add_argument("--csv", metavar="FILE", help="write the rows as CSV")
     args = parser.parse_args(argv)
@@ -183,6 +189,9 @@ def parse_args(collective: Collective, argv: list[str] | None = None,
             or args.rounds < 1:
         parser.error("-n and --rounds must be at least 1, -w at least 0, and --warmup-ms a "
                      "number of milliseconds, at least 0")
+    if args.algorithms and collective.name != "all_reduce":
+        parser.error("--algorithms chooses among all_reduce's algorithms: "
+                     f"{collective.name} has one")
     args.device = args.device or ("cuda" if "cuda_ipc" in args.transport else "cpu")
     if "memory" in args.compare and args.device != "cpu":
         parser.error("--compare memory times host memory: with --device cuda, "

@@ -7,6 +7,8 @@ Every implementation offers the Communicator's collective methods on the harness
 - gloo: torch.distributed with the Gloo backend (`GlooPeer`), when torch is installed;
 - torch-ringcc: torch.distributed on ringcc's own backend (`TorchRingccPeer`): the cost of the
   torch layer over ringcc's call;
+- algorithm:<name>: the main transport's all_reduce with that algorithm (`AlgorithmPeer`,
+  --algorithms), beside `auto`'s choice;
 - copy: a plain copy of the same size on the device (`device.CopyPeer`), the copy bandwidth;
 - memory: the least memory work of the call on every rank at once (`MemoryPeer`), the memory
   bound.
@@ -112,6 +114,22 @@ class MPIPeer:
 
     def close(self) -> None:
         self.comm.Free()
+
+
+class AlgorithmPeer:
+    """ringcc's all_reduce on `comm` (the main transport's communicator) with one named
+    algorithm (`Communicator.all_reduce`'s `algorithm`)."""
+
+    offered = ("all_reduce",)
+
+    def __init__(self, comm: Any, algorithm: str) -> None:
+        self.comm, self.algorithm = comm, algorithm
+
+    def all_reduce(self, sendbuf: Any, recvbuf: Any, op: str = "sum") -> None:
+        self.comm.all_reduce(sendbuf, recvbuf, op=op, algorithm=self.algorithm)
+
+    def close(self) -> None:
+        """(The main transport's communicator closes with it.)"""
 
 
 class TorchPeer:
@@ -394,6 +412,8 @@ def open_impls(args: argparse.Namespace, world: MPI.Comm,
         if any(impl.name == name for impl in impls):
             raise LookupError(f"--transport {','.join(args.transport)} measures {name} twice")
         impls.append(Impl(name, comm, xp=module_for_device(args.device)))
+    impls += [Impl(f"algorithm:{algorithm}", AlgorithmPeer(impls[0].comm, algorithm),
+                   xp=impls[0].xp) for algorithm in args.algorithms]
     for peer in args.compare:
         if peer in ("gloo", "torch-ringcc"):
             try:

@@ -65,17 +65,14 @@ from .reduce_scatter import one_shot_reduce_scatter, read_in_one_exchange
 from .ring import all_gather_pass, reduce_scatter_pass
 from .two_shot import two_shot_pays
 
-# `auto_algorithm` takes `reduce_scatter_all_gather` where ranks outnumber the cores and each
-# rank's chunk, read in place, is at most this (on 3 ranks, the last). Measured on 2 cores,
-# float32, the ring's time against this one's in one job (README, "Two exchanges for a
-# middle-sized all-reduce on shared cores"): on 4 ranks, 1 MiB (256 KiB chunks) 2432-2527 us
-# against 2015-2124, 2 MiB 4989-5405 against 4495-4692, 3 MiB (768 KiB chunks) 6238-6404
-# against 5902-6218; on 6 ranks 1.5 MiB 7776 against 5362, 3 MiB 11404 against 9588; on 3
-# ranks, which the ring's steps wait on less, 768 KiB 1806 against 1643, 1.1 MiB (384 KiB
-# chunks) 2570-2750 against 2417-2437 (and one slow run), but 1.5 MiB (512 KiB chunks)
-# 2571-2732 against 2781-3442.
+# `auto_algorithm` takes `reduce_scatter_all_gather` on 4 ranks or more that outnumber the
+# cores, where each rank's chunk, read in place, is at most this. Measured on 2 cores,
+# float32, the ring's time / this one's in one job (`--algorithms`; README, "Two exchanges
+# for a middle-sized all-reduce on shared cores"): on 4 ranks 1.07x-1.21x at 1 MiB (256 KiB
+# chunks), 0.86x-1.16x at 2 MiB, 0.98x-1.48x at 3 MiB (768 KiB chunks); on 6 ranks
+# 1.27x-1.46x at 1.5 MiB, 1.07x-1.19x at 3 MiB. Not on 3 ranks, whose ring steps wait less:
+# 0.69x-1.09x at 768 KiB, 0.81x-1.14x at 1.1 MiB, 0.74x-1.30x at 1.5 MiB.
 EXCHANGED_CHUNK_BYTES = 512 << 10
-EXCHANGED_CHUNK_BYTES_ON_3 = 384 << 10
 
 
 def ring_all_reduce(transport: Transport, work: Any, op: ReduceOp, average: bool = False,
@@ -160,13 +157,12 @@ def reduce_scatter_all_gather(transport: Transport, work: Any, op: ReduceOp,
 
 
 def exchanged_passes_pay(transport: Transport, count: int, itemsize: int) -> bool:
-    """Whether `auto` takes `reduce_scatter_all_gather` for `count` elements: equal chunks of
-    at most EXCHANGED_CHUNK_BYTES (EXCHANGED_CHUNK_BYTES_ON_3 on 3 ranks) that a
-    reduce-scatter reads in one exchange (`read_in_one_exchange`: more than 2 ranks that
-    outnumber the cores, each chunk read in place). The same on every rank."""
+    """Whether `auto` takes `reduce_scatter_all_gather` for `count` elements: on 4 ranks or
+    more, equal chunks of at most EXCHANGED_CHUNK_BYTES that a reduce-scatter reads in one
+    exchange (`read_in_one_exchange`: ranks that outnumber the cores, each chunk read in
+    place). The same on every rank."""
     size = transport.size
-    most = EXCHANGED_CHUNK_BYTES_ON_3 if size == 3 else EXCHANGED_CHUNK_BYTES
-    return (count % size == 0 and count // size * itemsize <= most
+    return (size > 3 and count % size == 0 and count // size * itemsize <= EXCHANGED_CHUNK_BYTES
             and read_in_one_exchange(transport, count * itemsize))
 
 
@@ -176,8 +172,8 @@ def auto_algorithm(transport: Transport, count: int, itemsize: int) -> str:
     "hierarchical" on a transport that knows its nodes (transports/hierarchical.py: it has
     `across` nodes), "two_shot" on more than 2 ranks that outnumber the cores, for chunks of
     AUTO_CHUNK_BYTES or more that the transport can keep under way (two_shot.py),
-    "reduce_scatter_all_gather" there for equal chunks read in place of up to
-    EXCHANGED_CHUNK_BYTES (`exchanged_passes_pay`), else "ring". The same on every rank:
+    "reduce_scatter_all_gather" on 4 or more such ranks for equal chunks read in place of up
+    to EXCHANGED_CHUNK_BYTES (`exchanged_passes_pay`), else "ring". The same on every rank:
     nothing here differs between ranks (not tracing)."""
     if count * itemsize <= transport.one_shot_bytes or transport.one_shot_at_any_size:
         return "one_shot"

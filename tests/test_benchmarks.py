@@ -82,7 +82,8 @@ def test_options_in_nccl_tests_spelling():
                                   ["--compare", "memory", "--device", "cuda"],
                                   ["--transport", "cuda_ipc", "--compare", "mpi,memory"],
                                   ["--warmup-ms", "nan"], ["--warmup-ms", "inf"],
-                                  ["--compare", "mpi,memory,mpi"], ["--transport", "shm,shm"]])
+                                  ["--compare", "mpi,memory,mpi"], ["--transport", "shm,shm"],
+                                  ["--algorithms", "tree"], ["--algorithms", "ring,ring"]])
 def test_bad_options_are_refused(argv, capsys):
     with pytest.raises(SystemExit):
         options.parse_args(ALL_REDUCE, argv)
@@ -90,6 +91,28 @@ def test_bad_options_are_refused(argv, capsys):
     with pytest.raises(SystemExit):  # every rank parses; only the first says so
         options.parse_args(ALL_REDUCE, argv, quiet=True)
     assert capsys.readouterr() == ("", "")
+
+
+def test_algorithms_are_all_reduces_own(capsys):
+    args = options.parse_args(ALL_REDUCE, ["--algorithms", "ring,reduce_scatter_all_gather"])
+    assert args.algorithms == ["ring", "reduce_scatter_all_gather"]
+    assert options.parse_args(ALL_REDUCE, []).algorithms == []
+    with pytest.raises(SystemExit):
+        options.parse_args(ALL_GATHER, ["--algorithms", "ring"])
+    assert "--algorithms chooses among all_reduce's algorithms" in capsys.readouterr().err
+
+
+def test_an_algorithm_peer_asks_for_its_algorithm():
+    asked = []
+
+    class Main:
+        def all_reduce(self, sendbuf, recvbuf, op, algorithm):
+            asked.append((sendbuf, recvbuf, op, algorithm))
+
+    peer = peers.AlgorithmPeer(Main(), "reduce_scatter_all_gather")
+    peer.all_reduce("in", "out", "max")
+    assert asked == [("in", "out", "max", "reduce_scatter_all_gather")]
+    assert peer.offered == ("all_reduce",)
 
 
 def test_results_that_could_not_be_written_are_refused_at_the_start(tmp_path):
@@ -399,6 +422,21 @@ def test_all_reduce_under_mpiexec_beside_the_peers(tmp_path):
     assert "# Avg bus bandwidth" in result.stdout and "ratio: peer time" in result.stdout
     with open(tmp_path / "r.csv") as source:
         assert len(list(csv.DictReader(source))) == len(rows)
+
+
+def test_all_reduce_algorithms_beside_autos_choice(tmp_path):
+    """--algorithms times the main transport's all_reduce with each algorithm named, in the
+    same job, as peers: each checked against NumPy, its ratio its time / auto's."""
+    result = mpiexec(2, "-m", "benchmarks.all_reduce", "-b", "8", "-e", "64K", "-f", "64",
+                     "-n", "2", "-w", "1", "--transport", "mpi",
+                     "--algorithms", "ring,reduce_scatter_all_gather",
+                     "--json", str(tmp_path / "r.json"), timeout=120)
+    rows = json.loads((tmp_path / "r.json").read_text())["rows"]
+    impls = ["ringcc:mpi", "algorithm:ring", "algorithm:reduce_scatter_all_gather"]
+    assert [(r["impl"], r["bytes"]) for r in rows] == \
+        [(impl, size) for size in (8, 512, 32768) for impl in impls]
+    assert all(row["wrong"] == 0 and row["time_us"] > 0 for row in rows)
+    assert "algorithm:reduce_scatter_all_gather" in result.stdout
 
 
 def test_the_torch_peers_are_skipped_by_name_without_torch(tmp_path):
