@@ -75,29 +75,16 @@ def laid_out(flat: numpy.ndarray, layout: str) -> numpy.ndarray:
 # ---- bodies run on each rank --------------------------------------------------------------
 
 def all_reduce_case(comm: Any, count: int, dtype: str, op: str, layout: str,
-                    in_place: bool) -> dict:
+                    in_place: bool, algorithm: str = "auto") -> dict:
     mine = laid_out(values(comm.rank, count, dtype), layout)
     before = mine.copy()
     if in_place:
-        out = comm.all_reduce(mine, mine, op=op)
+        out = comm.all_reduce(mine, mine, op=op, algorithm=algorithm)
         assert out is mine
     else:
-        out = comm.all_reduce(mine, op=op)
+        out = comm.all_reduce(mine, op=op, algorithm=algorithm)
         assert numpy.array_equal(mine, before), "all_reduce changed its sendbuf"
     assert out.shape == mine.shape and out.dtype == mine.dtype
-    return {"result": numpy.ascontiguousarray(out), "stats": vars(comm.stats).copy()}
-
-
-def exchanged_all_reduce_case(comm: Any, count: int, dtype: str, op: str, layout: str,
-                              in_place: bool) -> dict:
-    """An all-reduce by the reduce-scatter and all-gather exchanges
-    (algorithm="reduce_scatter_all_gather", all_reduce.py), and what it added to `stats`."""
-    comm.stats.reset()
-    mine = laid_out(values(comm.rank, count, dtype), layout)
-    before = mine.copy()
-    out = comm.all_reduce(mine, mine if in_place else None, op=op,
-                          algorithm="reduce_scatter_all_gather")
-    assert out is mine if in_place else numpy.array_equal(mine, before)
     return {"result": numpy.ascontiguousarray(out), "stats": vars(comm.stats).copy()}
 
 

@@ -72,8 +72,8 @@ def test_all_reduce_by_its_reduce_scatter_and_all_gather_exchanges(run, size, co
     received by each rank, 2(N-1) S over all ranks (uneven chunks too, gathered by the
     ring's pass)."""
     dtype, op = dtype_op
-    results = run("exchanged_all_reduce_case", size, "auto", count=count, dtype=dtype, op=op,
-                  layout=layout, in_place=in_place)
+    results = run("all_reduce_case", size, "auto", count=count, dtype=dtype, op=op,
+                  layout=layout, in_place=in_place, algorithm="reduce_scatter_all_gather")
     cases.check_all_reduce(results, count, dtype, op, layout)
     moved = 2 * (size - 1) * count * numpy.dtype(dtype).itemsize
     assert sum(r["stats"]["bytes_sent"] for r in results) == moved, results[0]["stats"]
