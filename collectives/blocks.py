@@ -64,7 +64,7 @@ def every_input(nbytes: int, size: int) -> tuple[tuple[int, int], ...]:
     an exchange does by default, because an all-gather places them as they come: its exchange
     may read them straight where they belong, at any size (`Transport.reads_in_place`). (A
     reduction's and a rooted collective's reads are named otherwise, so that theirs do not:
-    through the areas they were measured faster, README "A second machine".)"""
+    through the areas they were measured faster, docs/performance.md, "A second machine".)"""
     return ((0, nbytes),) * size
 
 

@@ -23,8 +23,8 @@ peers' memory (`reads_from_root`), go one-sided (`one_sided_broadcast`): one exc
 where the root's buffer lies, each other rank reads it whole, straight out of the root's
 memory, and a barrier ends the call. Each rank still receives the message once, but waits
 twice, where the chain's ranks wait at every hop of every segment for the rank before them
-to be scheduled: measured on 4 ranks sharing 2 cores (README, "One-sided moves: a scatter's
-blocks, a broadcast on shared cores"), a 4 or 16 MiB broadcast took 0.6x the ring's time.
+to be scheduled: measured on 4 ranks sharing 2 cores (docs/performance.md, "One-sided moves: a
+scatter's blocks, a broadcast on shared cores"), a 4 or 16 MiB broadcast took 0.6x the ring's time.
 """
 
 from __future__ import annotations

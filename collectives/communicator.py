@@ -490,8 +490,8 @@ class Communicator:
         (MPI's Scatterv; blocks.py): rank r gets counts[r] elements.
         """
         # At any size: the lane's exchange is the blocks' description, and the blocks move as
-        # the general path moves them (README, "Middle sizes"), while its Python before that
-        # exchange cost a 2 MiB scatter on 2 ranks a fifth of its time.
+        # the general path moves them (docs/performance.md, "Middle sizes"), while its Python before
+        # that exchange cost a 2 MiB scatter on 2 ranks a fifth of its time.
         if counts is None and self._small_bytes \
                 and self._lane_message(sendbuf if self.rank == root else recvbuf, async_op):
             result = small_scatter(self, sendbuf, recvbuf, root)
@@ -947,7 +947,8 @@ class Communicator:
         the same of its blocks). The general path then makes the lane's one exchange too
         (`_one_shot`), and the Python around it, paid at any size,
         is felt most where ranks outnumber the cores: each rank waits for every other twice a
-        call (README, "Large calls in the lane, and copies read directly on shared cores")."""
+        call (docs/performance.md, "Large calls in the lane, and copies read directly on shared
+        cores")."""
         if not (self._lane_messages and not async_op and type(buf) is numpy.ndarray
                 and buf.nbytes > 0 and self._transport.one_shot_bytes > 0):
             return False

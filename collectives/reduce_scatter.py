@@ -56,8 +56,8 @@ def read_in_one_exchange(transport: Transport, nbytes: int) -> bool:
     the two-shot passes pay (AUTO_CHUNK_BYTES), unless `one_shot_bytes` is 0 (never); a
     reduce's first pass too (reduce.py), and an all-reduce's where it takes the two exchanges
     (all_reduce.py, `exchanged_passes_pay`). The same on every rank. Measured on 4 ranks sharing
-    2 cores (README, "Large calls in the lane, and copies read directly on shared cores"):
-    1 MiB took 668-733 us so against 1075-1191 by the ring, 2 MiB 1600-1787 against
+    2 cores (docs/performance.md, "Large calls in the lane, and copies read directly on shared
+    cores"): 1 MiB took 668-733 us so against 1075-1191 by the ring, 2 MiB 1600-1787 against
     1913-2099; 4 MiB (1 MiB blocks) took longer so than by the two-shot passes, 3544-3822
     against 3319-3546."""
     size = transport.size

@@ -16,7 +16,7 @@ direct reads), moves one-sided: the root's description also says where its block
 (`Transport.locate`), and each rank copies its own straight out of the root's buffer
 (`Transport.get`) while the root copies its own block; a barrier then says every block has
 been taken, and the root may return. No message is announced, found and answered for each
-block: measured (README, "One-sided moves: a scatter's blocks, a broadcast on shared
+block: measured (docs/performance.md, "One-sided moves: a scatter's blocks, a broadcast on shared
 cores"), a 512 KiB scatter took 0.7x the time on 2 ranks and a 1 MiB one 0.9x, and a 1 MiB
 one half the time on 4 ranks sharing 2 cores. Elsewhere the blocks go by messages, and the
 root copies its own block while the peers take theirs (`Transport.isend`: a large block is
@@ -50,8 +50,8 @@ DESCRIPTION_BYTES = 4096
 # Where the transport moves only the bytes of an input that are read
 # (`Transport.moves_what_is_read`), a description has room for this many bytes of blocks,
 # within the one-shot area: the root says how much of it it fills (`Transport.unread`), and
-# the others fill none. Measured (README, "Middle sizes"): 32 KiB on 2 ranks took 41-42 us
-# one-sided, 24 in the description; 128 KiB 50 against 43, 256 KiB 61-64 against 67; on 4
+# the others fill none. Measured (docs/performance.md, "Middle sizes"): 32 KiB on 2 ranks took 41-42
+# us one-sided, 24 in the description; 128 KiB 50 against 43, 256 KiB 61-64 against 67; on 4
 # ranks sharing 2 cores 8 KiB 164-172 against 78-80, 128 KiB 171 against 122-127, 256 KiB
 # 180-184 against 168.
 INLINE_BYTES = 128 << 10

@@ -33,9 +33,9 @@ What it keeps per kind of call (collective, op or root, dtype, shape) is the ufu
 exchange, prepared for that shape, dtype, descriptor and byte count
 (`transport.prepare_all_inputs`, as MPI's persistent collectives are): a run of calls of one
 kind looks them up once, and each call only moves its data. At a few bytes every lookup
-counts (README, "Small calls"). Anything else (a strided input, a recvbuf of another shape or
-dtype, a first call of its kind, an async call) goes the general path, which also raises the
-errors: the lane never decides what is wrong, only what is plain.
+counts (docs/performance.md, "Small calls"). Anything else (a strided input, a recvbuf of another
+shape or dtype, a first call of its kind, an async call) goes the general path, which also raises
+the errors: the lane never decides what is wrong, only what is plain.
 
 Messages (send, recv, sendrecv: `small_message`) take a shorter lane, at any size: their
 arguments seen plain, then the transport's shortest way for a sendrecv with one peer (on shm
@@ -84,7 +84,7 @@ def small_all_reduce(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, op:
 
     The busiest lane (losses, metrics, gradient buckets) has `_open`, `_exchange`, `_fits`
     and the reduction of two inputs written out: at 8 B, each call of a function costs a
-    tenth of a microsecond or more (README, "Small calls").
+    tenth of a microsecond or more (docs/performance.md, "Small calls").
     """
     transport = comm._transport
     if (transport.trace is not None or transport.on_transfer is not None
@@ -499,7 +499,7 @@ def _pair_message(comm: Any, mine: numpy.ndarray, peer: int, into: numpy.ndarray
     """A sendrecv of the flat `mine` and `into` with one `peer` by the transport's shortest
     way (`pair_message`), numbered, named and checked as `Communicator._message` does; False,
     nothing done, where the transport has none for it (8 B on shm: 22 us by `_message`, 19
-    this way; README, "Small calls")."""
+    this way; docs/performance.md, "Small calls")."""
     transport = comm._transport
     if transport.pair_message is None:
         return False

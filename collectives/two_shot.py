@@ -24,7 +24,8 @@ that are running yield to each other. Here a rank's first pass needs only that i
 started the call, and its second that they have finished their first. It needs N-1 sends
 under way before any receive (`Transport.sends_ahead`), so it runs where the transport
 allows that, and `auto_algorithm` picks it only where more than 2 ranks outnumber the cores,
-for chunks of AUTO_CHUNK_BYTES or more (measured in the README, "Measured: all-reduce").
+for chunks of AUTO_CHUNK_BYTES or more (measured in docs/performance.md, "All-reduce where ranks
+outnumber the cores").
 
 Every chunk is reduced on one rank, in the order r, r+1, ..., then copied: every rank ends
 with bitwise the same result (not always the ring's bits: the order of the sum differs).

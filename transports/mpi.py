@@ -110,9 +110,8 @@ class MPITransport(Transport):
     @property
     def default_one_shot_bytes(self) -> int:  # type: ignore[override]
         """1 MiB / N, at least 16 KiB: one-shot moves N/2 times the ring's bytes, in one step
-        instead of 2(N-1).
-        Measured (README, "The mpi transport's one-shot"): on 2 ranks it wins up to 512 KiB,
-        on 4 up to 256 KiB."""
+        instead of 2(N-1). Measured (docs/transports.md, "The mpi transport's one-shot"): on 2
+        ranks it wins up to 512 KiB, on 4 up to 256 KiB."""
         return max(16 << 10, (1 << 20) // self.size)
 
     def __init__(self, comm: MPI.Comm | None = None, *, device: str = "cpu",

@@ -29,14 +29,14 @@ class ShmTransport(SlotTransport):
     """Ranks of `comm` (default `MPI.COMM_WORLD`), all on one node, over shared memory."""
 
     name = "shm"
-    # Measured (README, "Shared memory"): slots this small stay in the caches.
+    # Measured (docs/transports.md, "Shared memory"): slots this small stay in the caches.
     default_segment_bytes = 256 << 10
 
     @property
     def default_one_shot_bytes(self) -> int:  # type: ignore[override]
         """2 MiB / N, at least 64 KiB: one-shot reads N-1 inputs where the ring moves two
-        chunks a step for 2(N-1) steps. Measured (README, "Shared memory"): it wins up to
-        1 MiB on 2 ranks and to about 1 MiB on 4."""
+        chunks a step for 2(N-1) steps. Measured (docs/transports.md, "Shared memory"): it wins up
+        to 1 MiB on 2 ranks and to about 1 MiB on 4."""
         return max(64 << 10, (2 << 20) // self.size)
 
     def __init__(self, comm: MPI.Comm | None = None, **options: Any) -> None:

@@ -71,11 +71,11 @@ straight into the receiver's buffer (`process_vm_writev`), and says so (a receiv
 of its own meanwhile, `recv_while`, asks for the whole, in the last word of its share line, and
 makes its work while the sender writes). Two cores each copy half, where one read would copy
 it all: measured on 2 ranks, an 8 or 16 MiB broadcast takes
-about a fifth less time (README, "Shared memory"), and in a slow spell a 2 MiB broadcast's or
-gather's message, where the slots had moved it, 0.43x or 0.65x the time (SHARED_BYTES). Below
-DIRECT_BYTES a message is shared only while `Sharing` says so (in a fast spell the slots'
-copies, in the caches, may win), and else goes through the slots, its copies into them timed
-for `Sharing`. A receiver that reduces the message asks for no part, and reads it all.
+about a fifth less time (docs/transports.md, "Shared memory"), and in a slow spell a 2 MiB
+broadcast's or gather's message, where the slots had moved it, 0.43x or 0.65x the time
+(SHARED_BYTES). Below DIRECT_BYTES a message is shared only while `Sharing` says so (in a fast spell
+the slots' copies, in the caches, may win), and else goes through the slots, its copies into them
+timed for `Sharing`. A receiver that reduces the message asks for no part, and reads it all.
 
 Shared inputs. The one-shot exchange shares a copy the same way, on two ranks with a core each,
 for inputs of SHARED_BYTES or more of a call that names what each rank takes (`reads`): an
@@ -91,13 +91,13 @@ reader has counted the turn read (the READ counter), as for any input read in pl
 that does not ask reads it all. Only an input that its reader copies whole is offered
 (`copied_whole`: a broadcast's root's, a gather's other rank's, not a reduce's), and only while
 `Sharing` says copies into the area cost too much now. Measured on 2 ranks in a slow spell
-(README, "One-way copies shared by both ends"): a 1 MiB broadcast took 84-104 us where through
-the areas it took 196-208 (MPICH's 125-143), a 1 MiB gather 81-83 against 103-120 (MPICH's
+(docs/performance.md, "One-way copies shared by both ends"): a 1 MiB broadcast took 84-104 us where
+through the areas it took 196-208 (MPICH's 125-143), a 1 MiB gather 81-83 against 103-120 (MPICH's
 84-96). A gather's root that copied its own block after the exchange, reading half of its
 peer's, took 79 us where that peer's write of its half ended at 57 (a timeline of one call);
 copying its block meanwhile, with 5/8 written by the peer, 79 -> 72-75 us in the benchmark
-(README, "Messages readied once"). On two ranks, the input of more than LEFT_BYTES of an owner
-that takes its peer's whole input too (an all-reduce's), is left where it lies, its reader
+(docs/performance.md, "Messages readied once"). On two ranks, the input of more than LEFT_BYTES of
+an owner that takes its peer's whole input too (an all-reduce's), is left where it lies, its reader
 reading it whole (`process_vm_readv`) while the owner reads the reader's. A reduce's other
 rank, which takes nothing, keeps its area: left in place, its root's direct read cost a 1 MiB
 reduce 222-244 us against 202-213 (a slow spell).
@@ -110,7 +110,7 @@ from its left a piece at a time, reduces each piece into place, and writes the p
 straight on into its right neighbour's posted buffer (`process_vm_writev`) while the piece is
 still in cache. Without it the right neighbour would read the whole chunk back from memory
 in a step of its own: measured on 2 ranks, a 16 MiB all-reduce of ordinary buffers takes
-about a seventh less time (README, "Shared memory").
+about a seventh less time (docs/transports.md, "Shared memory").
 
 Registered memory. `register` hands out memory in a region of its own that every peer maps,
 as MPI_Win_allocate_shared does. A message sent from there takes one slot line naming the
@@ -119,8 +119,8 @@ memory: no copy at all besides the one the collective is for. So do the one-shot
 the pair messages read in place (below): where one lies in registered memory, the word that
 says where holds its region and offset, marked REGISTERED, instead of its address, and the
 reader copies it out of its own mapping of the owner's region. A direct read is a system call
-that costs two to three times a copy a byte here; this is a copy (README, "Every collective
-from registered buffers": 1.26x-2.93x MPICH's speed at 1 MiB on 2 ranks). So a one-shot
+that costs two to three times a copy a byte here; this is a copy (docs/performance.md, "Every
+collective from registered buffers": 1.26x-2.93x MPICH's speed at 1 MiB on 2 ranks). So a one-shot
 exchange that names what each rank takes (`reads`) leaves a registered input of
 `references_from` or more (REFERENCE_BYTES, where every rank has a core) where it lies below
 `reads_inputs_from` too, where it would otherwise copy it into its area, and its owner then
@@ -151,10 +151,10 @@ fit an area: an all-to-all or an all-gather then takes one exchange at any size
 (`Transport.reads_in_place`), placing each block straight where it belongs, as the pairwise
 exchange and the ring would, with one wait (a reduce-scatter's one exchange still fits an area,
 into scratch). A read is a system call and, across cores, two to three times a copy's time a
-byte here, so it pays where it saves more than a copy. Measured on 2 ranks (README, "A second
-machine"): a 1 MiB all-gather took 133-174 us where through the areas it took 224-312, a 2 MiB
-one 261-306 against 557-690; below 1 MiB, where the areas stay in the caches, the areas were as
-fast or faster (an all-to-all of 256 KiB read in place took 56-64 us, against 49-52). Inputs
+byte here, so it pays where it saves more than a copy. Measured on 2 ranks (docs/performance.md,
+"A second machine"): a 1 MiB all-gather took 133-174 us where through the areas it took 224-312,
+a 2 MiB one 261-306 against 557-690; below 1 MiB, where the areas stay in the caches, the areas were
+as fast or faster (an all-to-all of 256 KiB read in place took 56-64 us, against 49-52). Inputs
 that one rank takes whole (a gather's root, a broadcast's others) or reduces (an all-reduce's)
 also stayed faster through the areas, whose copies the writers share and whose readers work
 straight out of them. Where ranks outnumber cores, each step of the pairwise exchange or the
@@ -190,8 +190,8 @@ after its check, so the rank then sends through a slot, and takes the peer's fro
 general way does. On host memory (the CUDA transport's data goes the general way). Memory per
 rank: two pair areas per peer (`pair_area_bytes`: 512 KiB on 2 ranks, less on more, so that a
 rank's stay within 2 MiB, but 16 KiB at least), touched only by the messages that use them.
-Measured on 2 ranks (README, "Middle sizes"), a 32 KiB sendrecv took 35-36 us read in place
-and 22 through an area, 128 KiB 52 against 32, 512 KiB 120-127 against 74-85; 1 MiB 220-224
+Measured on 2 ranks (docs/performance.md, "Middle sizes"), a 32 KiB sendrecv took 35-36 us read in
+place and 22 through an area, 128 KiB 52 against 32, 512 KiB 120-127 against 74-85; 1 MiB 220-224
 against 389-391, out of the caches. (Measured before, when a direct read cost less here, 64
 KiB went alike either way, and the areas held 16 KiB.)
 
@@ -202,9 +202,9 @@ line, its words marked IN_PLACE; once the peer's line has come and agrees, it re
 data straight into its own buffer, says so in its share line for the peer, and returns once the
 peer has said the same (it was reading ours). One copy each way, no slot, two waits. A peer on
 the general way is met there: once the check agrees, both messages move as that way moves them
-(`_sendrecv`). Measured on 2 ranks (README, "A second machine"), a 1 MiB sendrecv took 241-247
-us where the slots took 409-451 (MPICH's 177-180, one direct read each way too). At 64 and 256
-KiB the slots, in the caches, were then as fast or faster; once the steps were readied
+(`_sendrecv`). Measured on 2 ranks (docs/performance.md, "A second machine"), a 1 MiB sendrecv took
+241-247 us where the slots took 409-451 (MPICH's 177-180, one direct read each way too). At 64 and
+256 KiB the slots, in the caches, were then as fast or faster; once the steps were readied
 (`prepare_pair_message`), in a slow spell, read in place took 23.3 against 36.4 us at 8 KiB,
 26.7 against 43.3 at 32 KiB, 38.7 against 70.2 at 128 KiB, 55.3 against 106.3 at 256 KiB, so
 they are read in place above the pair areas.
@@ -252,8 +252,8 @@ WORDS = LINE // 8  # 8-byte words per line
 DIRECT_BYTES = 4 << 20
 # Where ranks outnumber the cores, copies sent while receiving one go by direct read from
 # this size: there no road is measured (`Roads`), and the slots, of more ranks than cores, no
-# longer stay in the caches. Measured on 4 ranks sharing 2 cores (README, "Large calls in
-# the lane, and copies read directly on shared cores"), a sendrecv around the ring of 1 MiB
+# longer stay in the caches. Measured on 4 ranks sharing 2 cores (docs/performance.md, "Large calls
+# in the lane, and copies read directly on shared cores"), a sendrecv around the ring of 1 MiB
 # took 491-513 us so against 798-816 through the slots, of 2 MiB 805-1012 against 1762-1808,
 # of 512 KiB 362-367 against 403-496; of 256 KiB it took longer (365 against 246). Reduced
 # messages stay as they were: an 8 MiB reduce-scatter, its 2 MiB ring steps read so, took
@@ -262,8 +262,8 @@ CROWDED_DIRECT_BYTES = 512 << 10
 # A message that its receiver reduces (a ring step of a reduce-scatter or an all-reduce), sent
 # while receiving one, goes by direct read from this size up where every rank has a core: the
 # receiver reduces it READ_PIECE_BYTES at a time as it reads, where through the slots each
-# segment was copied in and then out. Measured on 2 ranks (README, "Reduced messages read
-# directly from 512 KiB"), a 2 MiB reduce-scatter took 248-299 us where its 1 MiB chunk
+# segment was copied in and then out. Measured on 2 ranks (docs/performance.md, "Reduced messages
+# read directly from 512 KiB"), a 2 MiB reduce-scatter took 248-299 us where its 1 MiB chunk
 # through the slots took 407-410 (each 256 KiB copy into a slot ran some 50 us), a 4 MiB one
 # 480-513 against 922-952.
 REDUCED_DIRECT_BYTES = 512 << 10
@@ -308,8 +308,8 @@ REFERENCE_BYTES = 256 << 10
 # Messages sent one way, and one-shot inputs taken one way on two ranks, of this size or more
 # are shared where every rank has a core: their sender writes half into the receiver's buffer
 # while the receiver reads the rest (see "Shared copies", "Shared inputs"). Measured on 2
-# ranks in a slow spell (README, "One-way copies shared by both ends"), a 2 MiB broadcast's
-# message took 212-228 us shared, 498-530 through the slots (MPICH's 236-308), a 2 MiB
+# ranks in a slow spell (docs/performance.md, "One-way copies shared by both ends"), a 2 MiB
+# broadcast's message took 212-228 us shared, 498-530 through the slots (MPICH's 236-308), a 2 MiB
 # gather's 130-144 against 206-216 (MPICH's 163-200).
 SHARED_BYTES = 512 << 10
 # An address word marked so (an ordinary address: below 2**47) says that its owner takes
@@ -404,8 +404,8 @@ class Roads:
     Between a segment and DIRECT_BYTES neither road always wins on one machine. The slots'
     two copies run out of the caches, and win while the two cores share theirs; where they
     do not (cores on different L3 caches, a busy neighbour), the one copy of a direct read
-    wins (README, "Shared memory"). So each rank times its own copies of such messages and
-    sends the next one by the road that has cost it less per byte lately: through the
+    wins (docs/transports.md, "Shared memory"). So each rank times its own copies of such messages
+    and sends the next one by the road that has cost it less per byte lately: through the
     slots, its copies into slots plus its copies out of a peer's; by direct read, a read of
     a peer's buffer, which must cost less by a margin (DIRECT_MARGIN). Where the two cost
     about the same, each rank of a pair would otherwise flip between them on its own, and a
@@ -510,8 +510,8 @@ class Sharing:
     Neither way always wins on one machine. Through the area, the owner copies the input in and
     its reader copies it out; those copies run out of the caches and win while the two cores
     share theirs: measured on 2 ranks, alternating with a commit that always took the areas
-    (README, "One-way copies shared by both ends"), a 1 MiB broadcast took 60-66 us through
-    them in a fast spell, where always shared it took 92-100. In a slow spell, a copy into
+    (docs/performance.md, "One-way copies shared by both ends"), a 1 MiB broadcast took 60-66 us
+    through them in a fast spell, where always shared it took 92-100. In a slow spell, a copy into
     memory that a peer last read costs several times a local copy (the owner's copy in took
     170-220 ps a byte, against about 50 in a fast spell), and sharing wins: 196-211 us
     through the areas, 84-104 shared. So the owner times its copies into its area, and shares
@@ -620,8 +620,8 @@ class SlotTransport(Transport):
         self._one_segment_bytes = min(self.slot_bytes, DIRECT_BYTES - 1)  # see `_one_segment`
         # isends that a slot cannot hold are read in place: streamed, one would hold its sender
         # until the receiver runs (measured on 4 ranks sharing 2 cores, a scatter of 2-8 MiB
-        # took 1.3x-2.6x less time, README "Shared memory"; on 2 ranks with a core each, a
-        # 4 MiB one 1.6x-1.8x less, "A second machine"). One a slot holds goes through it
+        # took 1.3x-2.6x less time, docs/transports.md, "Shared memory"; on 2 ranks with a core
+        # each, a 4 MiB one 1.6x-1.8x less, "A second machine"). One a slot holds goes through it
         # (the receiver's short way, `_take`, takes it from there): read in place, a scatter's
         # 128 KiB-512 KiB blocks took 1.3x-1.5x longer.
         self.isends_read_from = self.slot_bytes + 1
@@ -1040,7 +1040,7 @@ class SlotTransport(Transport):
         (`check.pair_kind`), as `prepare_all_inputs` readies an exchange: the lines, areas,
         words and marks that stay from call to call are found once, so that a call writes
         its two numbers and moves its data. At 8 B the unprepared way took 22.7-23.2 us, most of
-        it Python, and this one 14.5-15.0 (README, "Messages readied once").
+        it Python, and this one 14.5-15.0 (docs/performance.md, "Messages readied once").
 
         Returns `step(mine, into, n_sent, n_expected)`, which answers as `pair_message`:
         True once moved and counted; the peer's words where they differ from this rank's,
