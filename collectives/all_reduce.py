@@ -68,8 +68,8 @@ from .two_shot import two_shot_pays
 # `auto_algorithm` takes `reduce_scatter_all_gather` on 4 ranks or more that outnumber the
 # cores, where each rank's chunk, read in place, is at most this. Measured on 2 cores,
 # float32, the ring's time / this one's in one job (`--algorithms`; docs/performance.md, "Two
-# exchanges for a middle-sized all-reduce on shared cores"): on 4 ranks 1.07x-1.21x at 1 MiB (256
-# KiB chunks), 0.86x-1.16x at 2 MiB, 0.98x-1.48x at 3 MiB (768 KiB chunks); on 6 ranks
+# exchanges for a middle-sized all-reduce on shared cores"): on 4 ranks 1.07x-1.21x at 1 MiB
+# (256 KiB chunks), 0.86x-1.16x at 2 MiB, 0.98x-1.48x at 3 MiB (768 KiB chunks); on 6 ranks
 # 1.27x-1.46x at 1.5 MiB, 1.07x-1.19x at 3 MiB. Not on 3 ranks, whose ring steps wait less:
 # 0.69x-1.09x at 768 KiB, 0.81x-1.14x at 1.1 MiB, 0.74x-1.30x at 1.5 MiB.
 EXCHANGED_CHUNK_BYTES = 512 << 10

@@ -50,8 +50,8 @@ DESCRIPTION_BYTES = 4096
 # Where the transport moves only the bytes of an input that are read
 # (`Transport.moves_what_is_read`), a description has room for this many bytes of blocks,
 # within the one-shot area: the root says how much of it it fills (`Transport.unread`), and
-# the others fill none. Measured (docs/performance.md, "Middle sizes"): 32 KiB on 2 ranks took 41-42
-# us one-sided, 24 in the description; 128 KiB 50 against 43, 256 KiB 61-64 against 67; on 4
+# the others fill none. Measured (docs/performance.md, "Middle sizes"): 32 KiB on 2 ranks took
+# 41-42 us one-sided, 24 in the description; 128 KiB 50 against 43, 256 KiB 61-64 against 67; on 4
 # ranks sharing 2 cores 8 KiB 164-172 against 78-80, 128 KiB 171 against 122-127, 256 KiB
 # 180-184 against 168.
 INLINE_BYTES = 128 << 10

@@ -621,9 +621,9 @@ class SlotTransport(Transport):
         # isends that a slot cannot hold are read in place: streamed, one would hold its sender
         # until the receiver runs (measured on 4 ranks sharing 2 cores, a scatter of 2-8 MiB
         # took 1.3x-2.6x less time, docs/transports.md, "Shared memory"; on 2 ranks with a core
-        # each, a 4 MiB one 1.6x-1.8x less, "A second machine"). One a slot holds goes through it
-        # (the receiver's short way, `_take`, takes it from there): read in place, a scatter's
-        # 128 KiB-512 KiB blocks took 1.3x-1.5x longer.
+        # each, a 4 MiB one 1.6x-1.8x less, docs/performance.md, "A second machine"). One a slot
+        # holds goes through it (the receiver's short way, `_take`, takes it from there): read
+        # in place, a scatter's 128 KiB-512 KiB blocks took 1.3x-1.5x longer.
         self.isends_read_from = self.slot_bytes + 1
         # Per one-shot area, our call line and the peers', as words: written, and compared,
         # whole (`call_line`).
