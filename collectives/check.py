@@ -188,10 +188,13 @@ def messages(sent: tuple[int, Any] | None, expected: tuple[int, Any] | None) -> 
     return (MESSAGES, n_sent, n_expected, c_sent, c_expected, d_sent << 32 | d_expected)
 
 
-def pair_kind(mine: Any, into: Any) -> tuple[int, int, int]:
+def pair_kind(mine: Any | None, into: Any | None) -> tuple[int, int, int]:
     """What a sendrecv's description (`messages`) says of its two flat arrays, whatever their
-    numbers: the count of each, and both dtypes."""
-    return mine.size + 1, into.size + 1, dtype_code(mine.dtype) << 32 | dtype_code(into.dtype)
+    numbers: the count of each, and both dtypes (None: no such array, a send or a recv
+    alone)."""
+    c_sent, d_sent = (0, 0) if mine is None else (mine.size + 1, dtype_code(mine.dtype))
+    c_expected, d_expected = (0, 0) if into is None else (into.size + 1, dtype_code(into.dtype))
+    return c_sent, c_expected, d_sent << 32 | d_expected
 
 
 def pair_said(n_sent: int, n_expected: int,

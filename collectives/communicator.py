@@ -44,7 +44,8 @@ from .scan import finish, one_shot_scan, recursive_doubling_scan
 from .scatter import scatter_from_root
 from .small import (GENERAL, small_all_gather, small_all_reduce, small_all_to_all,
                     small_broadcast, small_gather, small_message, small_reduce,
-                    small_reduce_scatter, small_scan, small_scatter)
+                    small_recv, small_reduce_scatter, small_scan, small_scatter,
+                    small_send, small_sendrecv)
 from .timeline import Trace, record_span, write_timeline
 from .two_shot import two_shot_all_reduce, two_shot_pays
 from .work import Progress, Work
@@ -712,8 +713,9 @@ class Communicator:
         it, a transport finds a wrong size where it can (shm, threads), and the mpi transport
         raises a CollectiveError, from MPI's own, for a message longer than its receive buffer.
         """
-        if self._lane_message(buf, async_op) and small_message(self, buf, dst, None, None) \
-                is not GENERAL:
+        if self._lane_message(buf, async_op) and (
+                small_send(self, buf, dst) is not GENERAL
+                or small_message(self, buf, dst, None, None) is not GENERAL):
             return None
         return self._send(buf, dst, async_op=async_op)
 
@@ -725,7 +727,9 @@ class Communicator:
     def recv(self, buf: Any, src: int, *, async_op: bool = False) -> Any:
         """Receive what rank `src` sends into `buf` (filled flat); returns `buf`. See `send`."""
         if self._lane_message(buf, async_op):
-            result = small_message(self, None, None, buf, src)
+            result = small_recv(self, buf, src)
+            if result is GENERAL:
+                result = small_message(self, None, None, buf, src)
             if result is not GENERAL:
                 return result
         return self._recv(buf, src, async_op=async_op)
@@ -746,7 +750,9 @@ class Communicator:
         """
         src = dst if src is None else src
         if self._lane_message(sendbuf, async_op):
-            result = small_message(self, sendbuf, dst, recvbuf, src)
+            result = small_sendrecv(self, sendbuf, dst, recvbuf) if src == dst else GENERAL
+            if result is GENERAL:
+                result = small_message(self, sendbuf, dst, recvbuf, src)
             if result is not GENERAL:
                 return result
         return self._sendrecv(sendbuf, dst, recvbuf, src, async_op=async_op)

@@ -41,7 +41,7 @@ Messages (send, recv, sendrecv: `small_message`) take a shorter lane, at any siz
 arguments seen plain, then the transport's shortest way for a sendrecv with one peer (on shm
 the pair areas, up to 512 KiB on 2 ranks, the pair's messages read in place above them where
 direct reads work and each rank has a core), by a step the transport readies once per kind of
-message (`prepare_pair_message`, kept as the collectives' exchanges are: `_pair_step`), or by
+message (`prepare_pair_message`, kept as the collectives' exchanges are: `small_sendrecv`), or by
 `pair_message`, else the general path's own moves (`Communicator._message`), without the
 decorator.
 """
@@ -408,13 +408,10 @@ def small_message(comm: Any, sendbuf: numpy.ndarray | None, dst: int | None,
     sendbuf, no dst) by the lane, or GENERAL: the arguments seen to be plain (contiguous
     NumPy arrays of numbers, peers that are other ranks), then what the general path does
     with them (`Communicator._message`: numbered, checked by the pair, moved). Returns
-    `recvbuf` (a new array for a sendrecv without one)."""
+    `recvbuf` (a new array for a sendrecv without one). (A sendrecv with one peer tries
+    `small_sendrecv` first.)"""
     if recvbuf is None and sendbuf is not None and src is not None:
         recvbuf = numpy.empty(sendbuf.shape, sendbuf.dtype)
-    if dst == src and sendbuf is not None:
-        moved = _pair_step(comm, sendbuf, dst, recvbuf)
-        if moved is not GENERAL:
-            return moved
     size, rank = comm._transport.size, comm._transport.rank
     for peer in (dst, src):
         if peer is not None and (type(peer) is not int or not 0 <= peer < size or peer == rank):
@@ -439,60 +436,106 @@ def small_message(comm: Any, sendbuf: numpy.ndarray | None, dst: int | None,
     return recvbuf
 
 
-def _pair_step(comm: Any, sendbuf: numpy.ndarray, peer: Any, recvbuf: Any) -> Any:
-    """A sendrecv with one `peer` by the step that the transport readied for its kind of
-    message (`prepare_pair_message`, kept as the collectives' exchanges are), numbered, named
-    and checked as `_pair_message` does, the plain arguments seen in one go; `recvbuf`, or
-    GENERAL where there is no such step, or the call is not plain."""
-    transport = comm._transport
-    if (transport.prepare_pair_message is None
-            or type(recvbuf) is not numpy.ndarray or type(peer) is not int
+def small_sendrecv(comm: Any, sendbuf: numpy.ndarray, peer: Any, recvbuf: Any | None) -> Any:
+    """`comm.sendrecv(sendbuf, peer, recvbuf, peer)` by a readied step (`_step_message`):
+    `recvbuf` (a new array where None), or GENERAL. The caller has seen that sendbuf is a
+    NumPy array of more than zero bytes."""
+    if recvbuf is None:
+        recvbuf = numpy.empty(sendbuf.shape, sendbuf.dtype)
+    if (type(recvbuf) is not numpy.ndarray
             or not (sendbuf.flags.c_contiguous and recvbuf.flags.c_contiguous
                     and recvbuf.flags.writeable)
-            or transport.trace is not None or transport.on_transfer is not None
-            or comm._broken is not None or transport.closed
-            or comm._progress.outstanding and not comm._progress.on_thread()
             or overlap(recvbuf, sendbuf, numpy)):
         return GENERAL
     key = ("sendrecv", peer, sendbuf.dtype, sendbuf.shape, recvbuf.dtype, recvbuf.shape)
-    step = comm._small_calls.get(key, GENERAL)
-    if step is GENERAL:
-        step = _learn_pair(comm, key, sendbuf, peer, recvbuf)
-    if step is None:
+    return recvbuf if _step_message(comm, key, sendbuf, peer, recvbuf) else GENERAL
+
+
+def small_send(comm: Any, buf: numpy.ndarray, dst: Any) -> Any:
+    """`comm.send(buf, dst)` by a readied step (`_step_message`): None, or GENERAL. The caller
+    has seen that buf is a NumPy array of more than zero bytes."""
+    if not buf.flags.c_contiguous:
         return GENERAL
+    return None if _step_message(comm, ("send", dst, buf.dtype, buf.shape), buf, dst, None) \
+        else GENERAL
+
+
+def small_recv(comm: Any, buf: numpy.ndarray, src: Any) -> Any:
+    """`comm.recv(buf, src)` by a readied step (`_step_message`): `buf`, or GENERAL. The caller
+    has seen that buf is a NumPy array of more than zero bytes."""
+    if not (buf.flags.c_contiguous and buf.flags.writeable):
+        return GENERAL
+    return buf if _step_message(comm, ("recv", src, buf.dtype, buf.shape), None, src, buf) \
+        else GENERAL
+
+
+def _step_message(comm: Any, key: tuple, mine: numpy.ndarray | None, peer: Any,
+                  into: numpy.ndarray | None) -> bool:
+    """The messages of one kind (`key`) with one `peer`, `mine` to it and `into` from it (one
+    of them None for a send or a recv alone), by the step that the transport readied for
+    that kind (`prepare_pair_message`, kept as the collectives' exchanges are): numbered,
+    named and checked as `_pair_message` does. True once moved; False, nothing done, where
+    there is no such step or the communicator's state asks for the general path.
+
+    A message costs little but its Python, so what stays from call to call is found once per
+    kind; the call's name for errors is made once too, and renumbered. At 8 B on 2 ranks on
+    shm a sendrecv took 15.5-16.0 us before this function was written out (and the step's
+    wait spun first), 10.6 after; a send and its recv took 40-41 us a way by the general
+    path, 8.3 by a step (docs/performance.md, "Messages of one kind, written out").
+    """
+    transport = comm._transport
+    if (type(peer) is not int or transport.trace is not None
+            or transport.on_transfer is not None or comm._broken is not None
+            or transport.closed or comm._progress.outstanding and not comm._progress.on_thread()):
+        return False
+    kind = comm._small_calls.get(key, GENERAL)
+    if kind is GENERAL:
+        kind = _learn_pair(comm, key, mine, peer, into)
+    if kind is None:
+        return False
+    step, name = kind
     counted = comm._messages
-    n_sent, n_expected = counted.sent[peer] + 1, counted.received[peer] + 1
-    transport.begin(MessageName(peer, n_sent, peer, n_expected), phase="sendrecv")
+    name.sent = n_sent = 0 if mine is None else counted.sent[peer] + 1
+    name.received = n_expected = 0 if into is None else counted.received[peer] + 1
+    transport.begin(name, None, key[0])
     try:
-        moved = step(_flat(sendbuf), _flat(recvbuf), n_sent, n_expected)
+        moved = step(mine if mine is None or mine.ndim == 1 else mine.reshape(-1),  # (`_flat`)
+                     into if into is None or into.ndim == 1 else into.reshape(-1),
+                     n_sent, n_expected)
     except BaseException as error:  # (as `_messages`: the step raises no MessagesDiffer)
         if not isinstance(error, (ValueError, TypeError)):
             comm._break(error)
         raise
     if moved is False:
-        return GENERAL
+        return False
     if moved is not True:  # the peer's words, which differ: raises
-        said = pair_said(n_sent, n_expected, pair_kind(sendbuf, recvbuf))[0]
+        said = pair_said(n_sent, n_expected, pair_kind(mine, into))[0]
         _messages(comm, lambda: judge_pair(transport, {peer: said}, {peer: moved}))
-    counted.sent[peer], counted.received[peer] = n_sent, n_expected  # (`Messages.count`)
-    return recvbuf
+    if mine is not None:  # (`Messages.count`)
+        counted.sent[peer] = n_sent
+    if into is not None:
+        counted.received[peer] = n_expected
+    return True
 
 
-def _learn_pair(comm: Any, key: tuple, sendbuf: numpy.ndarray, peer: int,
-                recvbuf: numpy.ndarray) -> Any:
-    """The step the transport readies for a kind of checked sendrecv (`key`) with another
-    rank, or None: unchecked, to itself or no rank, of no numbers, or none readied."""
+def _learn_pair(comm: Any, key: tuple, mine: numpy.ndarray | None, peer: int,
+                into: numpy.ndarray | None) -> tuple[Callable[..., Any], MessageName] | None:
+    """The step the transport readies for a kind of checked message (`key`) with another
+    rank, and the call's name, renumbered by each call; or None: unchecked, to itself or no
+    rank, of no numbers, or none readied."""
     transport = comm._transport
     step = None
     if comm._checking and transport.prepare_pair_message is not None \
             and 0 <= peer < transport.size and peer != transport.rank \
-            and sendbuf.dtype.kind in NUMERIC and recvbuf.dtype.kind in NUMERIC:
-        step = transport.prepare_pair_message(peer, sendbuf.nbytes, recvbuf.nbytes,
-                                              pair_kind(sendbuf, recvbuf))
+            and all(buf.dtype.kind in NUMERIC for buf in (mine, into) if buf is not None):
+        step = transport.prepare_pair_message(
+            peer, None if mine is None else mine.nbytes, None if into is None else into.nbytes,
+            pair_kind(mine, into))
     if len(comm._small_calls) >= KINDS_KEPT:
         comm._small_calls.clear()
-    comm._small_calls[key] = step
-    return step
+    kind = comm._small_calls[key] = None if step is None else (step, MessageName(
+        None if mine is None else peer, 0, None if into is None else peer, 0))
+    return kind
 
 
 def _pair_message(comm: Any, mine: numpy.ndarray, peer: int, into: numpy.ndarray) -> bool:

@@ -278,10 +278,10 @@ def mismatch_case(comm: Any, what: str) -> dict:
 
 
 def mixed_paths_case(comm: Any) -> dict:
-    """Pairs of sendrecv between ranks 0 and 1 where one rank traces (the general path) and
-    the other does not (the lane, and a transport's shortest way for a pair), then where
-    neither does: they must meet as they do on one path, agreeing, and disagreeing. Returns
-    what each rank received and its stats."""
+    """Pairs of sendrecv, then a send and its recv each way, between ranks 0 and 1 where one
+    rank traces (the general path) and the other does not (the lane, and a transport's
+    shortest way for a pair), then where neither does: they must meet as they do on one
+    path, agreeing, and disagreeing. Returns what each rank received and its stats."""
     rank, got = comm.rank, []
     if rank > 1:
         return {"got": got, "stats": vars(comm.stats).copy()}
@@ -294,14 +294,27 @@ def mixed_paths_case(comm: Any) -> dict:
                 comm.sendrecv(numpy.ones(3 + rank), peer, numpy.empty(3 + rank))
             except Exception as error:  # noqa: BLE001 - what the rank raised is the result
                 got.append(type(error).__name__)
+            for sender in (0, 1):
+                if rank == sender:
+                    comm.send(values(rank + trial, 4, "float64"), peer)
+                else:
+                    got.append(comm.recv(numpy.empty(4), peer).tolist())
+            try:
+                if rank == 0:
+                    comm.send(numpy.ones(2), peer)
+                else:
+                    comm.recv(numpy.empty(3), peer)
+            except Exception as error:  # noqa: BLE001 - what the rank raised is the result
+                got.append(type(error).__name__)
     return {"got": got, "stats": vars(comm.stats).copy()}
 
 
 def pair_areas_case(comm: Any) -> dict:
     """Sendrecvs between ranks 0 and 1 of 8 B, a pair area (`pair_area_bytes` on shm) and a
-    pair area + 8 B each way, noting the sizes of those that went through the pair areas
-    (shm: None on a transport without them); returns what each rank received, the sizes and
-    the transport's name."""
+    pair area + 8 B each way, then sends from rank 0 to rank 1 of 8 B, the most one way goes
+    through a pair area (also a segment at most) and 8 B more, noting the sizes of those that
+    went through the pair areas (one way: negative; None on a transport without them);
+    returns what each rank received, the sizes, the transport's name and that most."""
     rank, got = comm.rank, []
     if rank > 1:
         return {"got": got, "through_areas": None, "transport": comm.transport}
@@ -312,7 +325,17 @@ def pair_areas_case(comm: Any) -> dict:
         got.append(comm.sendrecv(values(rank, count, "float64"), 1 - rank).tolist())
         if areas and _last_mark(transport, 1 - rank) & INLINE:
             taken.append(8 * count)
-    return {"got": got, "through_areas": taken if areas else None, "transport": comm.transport}
+    # One way, from rank 0 to rank 1: through the areas up to a segment too.
+    one_way = min(area, getattr(transport, "_one_segment_bytes", 0) // 8)
+    for count in (1, one_way, one_way + 1):
+        if rank == 0:
+            comm.send(values(rank, count, "float64"), 1)
+        else:
+            got.append(comm.recv(numpy.empty(count), 0).tolist())
+        if areas and _last_mark(transport, 1 - rank) & INLINE:
+            taken.append(-8 * count)
+    return {"got": got, "through_areas": taken if areas else None, "transport": comm.transport,
+            "one_way": one_way}
 
 
 def _last_mark(transport: Any, peer: int) -> int:

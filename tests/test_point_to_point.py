@@ -53,19 +53,21 @@ def test_both_ends_of_a_mismatched_message_raise_and_go_on(run, what, message):
 
 def test_a_pair_on_the_general_path_meets_one_on_the_shortest_way(run):
     """A traced rank takes the general path, an untraced one the lane and the transport's
-    shortest way for a pair (on mpi, the check's words and the data in one message): they
-    meet, agree, disagree and count alike; and two untraced ones, both the shortest way."""
+    shortest way for a pair (on mpi, the check's words and the data in one message; on shm,
+    for a send and its recv too, the pair areas): they meet, agree, disagree and count
+    alike; and two untraced ones, both the shortest way."""
     for rank, result in enumerate(run("mixed_paths_case", 3, "auto")):
         if rank == 2:
             continue
         peer = 1 - rank
         expected = []
         for trial in range(6):
-            expected += [values(peer + trial, 5, "float64").tolist(), "MismatchError"]
+            expected += [values(peer + trial, 5, "float64").tolist(), "MismatchError",
+                         values(peer + trial, 4, "float64").tolist(), "MismatchError"]
         assert result["got"] == expected, result["got"]
         for key in ("bytes_sent", "bytes_received"):
-            assert result["stats"][key] == 6 * 5 * 8, result["stats"]
-        assert result["stats"]["messages"] == 6, result["stats"]
+            assert result["stats"][key] == 6 * (5 + 4) * 8, result["stats"]
+        assert result["stats"]["messages"] == 6 * 2, result["stats"]
 
 
 @pytest.mark.parametrize("sent, expected", [("float64", "float64"), ("int8", "complex128"),
@@ -81,15 +83,21 @@ def test_the_lane_describes_a_sendrecv_as_the_general_path_does(sent, expected):
 def test_a_small_sendrecv_goes_through_the_pair_areas_on_shm(run):
     """On shm a sendrecv of up to a pair area each way with one peer is one publish and
     one wait, through the pair areas (slots.py, "Pair areas"); a larger one is read in place
-    or goes through the slots. Right on every transport."""
+    or goes through the slots. So does a send and its recv of up to a pair area and a
+    segment. Right on every transport."""
     area = pair_area_bytes(3) // 8
     for rank, result in enumerate(run("pair_areas_case", 3, "auto")):
         if rank == 2:
             continue
+        one_way = result["one_way"]
         assert result["got"] == [values(1 - rank, count, "float64").tolist()
-                                 for count in (1, area, area + 1)]
+                                 for count in (1, area, area + 1)] + (
+            [values(0, count, "float64").tolist() for count in (1, one_way, one_way + 1)]
+            if rank == 1 else [])
         if result["transport"] == "shm":
-            assert result["through_areas"] == [8, 8 * area], result["through_areas"]
+            assert one_way == min(area, (256 << 10) // 8), one_way  # (shm's segment)
+            assert result["through_areas"] == [8, 8 * area, -8, -8 * one_way], \
+                result["through_areas"]
 
 
 def test_a_sendrecv_read_in_place_meets_every_way_its_peer_sends(run):

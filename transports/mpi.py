@@ -268,70 +268,85 @@ class MPITransport(Transport):
     def pair_message(self, mine: Any, peer: int, into: Any, said: tuple[int, ...] | None,
                      expected: tuple[int, ...] | None) -> bool | tuple[int, ...]:
         """A checked sendrecv with one `peer` of at most PAIR_PACKET_BYTES each way, in one
-        message each way: the pair's six words `said` with the data behind them, landing
-        where a one-shot packet does (`_Landing`, room for any), where `message` makes the
-        check and the data two exchanges. A peer on that general way (a traced one) sends its
-        words alone, then its data: the check is the same, and the data then go its way.
-        True once moved and counted; False, having done nothing, for a message `message`
-        must take; or the peer's words where they differ from `expected`, having taken
-        nothing (a peer that disagrees takes nothing either, and raises)."""
-        most = min(self.one_shot_bytes, PAIR_PACKET_BYTES)  # (what lands must fit: `_Landing`)
-        if said is None or self.xp is not numpy or self.trace is not None \
-                or self.on_transfer is not None or not 0 < mine.nbytes <= most \
-                or not 0 < into.nbytes <= most:
+        message each way (`prepare_pair_message`, whose step this makes for the one call).
+        `expected` is what `said` mirrors (`check.pair_said`). True once moved and counted;
+        False, having done nothing, for a message `message` must take; or the peer's words
+        where they differ from `expected`, having taken nothing (a peer that disagrees takes
+        nothing either, and raises)."""
+        if said is None or self.trace is not None or self.on_transfer is not None:
             return False
-        landing = self._landed()
-        landed = landing.buffers[peer]
-        # The receive is the one-shot exchange's from this peer (the same buffer and tag);
-        # the packet and its send are kept per peer and size, as the one-shot's are.
-        receive = landing.receives[peer if peer < self.rank else peer - 1]
-        made = self._pair_packets.get((peer, mine.nbytes))
-        if made is None:
-            if len(self._pair_packets) >= KEPT_SIZES:
-                self._free_pair_packets()  # (`kept` would drop the sends unfreed)
-            packet = numpy.empty(PAIR_BYTES + mine.nbytes, numpy.uint8)
-            made = self._pair_packets[(peer, mine.nbytes)] = (
-                packet, self.comm.Send_init(_bytes(packet), peer, TAG))
-        packet, send = made
-        PAIR_WORDS.pack_into(packet, 0, *said)
-        packet[PAIR_BYTES:] = mine.view(numpy.uint8)
-        status = self._status
-        receive.Start()
-        send.Start()
-        polls = self.spin
-        while not receive.Test(status):  # a short spin first, as the one-shot exchange's
-            polls -= 1
-            if polls < 0:
-                self.wait(lambda: receive.Test(status), peer, "a message")
-                break
-        if not send.Test():
-            self._wait_all([send], peer, "its message to be taken")
-        heard = PAIR_WORDS.unpack_from(landed, 0)
-        if heard != expected:
-            return heard
-        if status.Get_count(MPI.BYTE) == PAIR_BYTES:  # its words alone: the data follow
-            self.sendrecv(mine, peer, into, peer)
-            return True
-        into.view(numpy.uint8)[...] = landed[PAIR_BYTES:PAIR_BYTES + into.nbytes]
-        self._count("copy", mine, peer, into, peer)
-        return True
+        step = self.prepare_pair_message(peer, mine.nbytes, into.nbytes, said[3:])
+        return False if step is None else step(mine, into, said[1], said[2])
 
-    def prepare_pair_message(self, peer: int, sent_bytes: int, expected_bytes: int,
+    def prepare_pair_message(self, peer: int, sent_bytes: int | None,
+                             expected_bytes: int | None,
                              kind: tuple[int, int, int]) -> Callable[..., Any] | None:
         """`pair_message` for a run of checked sendrecvs with one `peer`, of flat arrays of
         `sent_bytes` and `expected_bytes` whose description is `kind` (`check.pair_kind`):
-        `step(mine, into, n_sent, n_expected)`, with both ends' words made from the two
-        numbers. None for messages larger than a packet holds."""
-        most = min(self.one_shot_bytes, PAIR_PACKET_BYTES)
-        if self.xp is not numpy or not 0 < sent_bytes <= most or not 0 < expected_bytes <= most:
-            return None
+        `step(mine, into, n_sent, n_expected)`, where `message` makes the check and the data
+        two exchanges. None for messages larger than a packet holds.
+
+        Each way is one message: the pair's six words with the data behind them, landing where
+        a one-shot packet does (`_Landing`, room for any: the receive is the one-shot
+        exchange's from this peer, the same buffer and tag). The packet and its persistent
+        send are kept per peer and size, as the one-shot's are; what stays from call to call
+        is found here, so that a call writes its two numbers and copies its data in and out
+        (an 8 B sendrecv on 2 ranks took 22.0-22.3 us with the step made anew each call,
+        12.7-12.9 so: docs/performance.md, "Messages of one kind, written out"). A peer on
+        the general way (a traced one) sends its words alone, then its data: the check is the
+        same, and the data then go that way. Steps are never traced or watched (their caller
+        takes those calls the general way)."""
+        most = min(self.one_shot_bytes, PAIR_PACKET_BYTES)  # (what lands must fit: `_Landing`)
+        if self.xp is not numpy or sent_bytes is None or expected_bytes is None \
+                or not 0 < sent_bytes <= most or not 0 < expected_bytes <= most:
+            return None  # (a send or a recv alone goes the general way)
         c_sent, c_expected, dtypes = kind
         mirrored = swapped_dtypes(dtypes)  # the peer's dtypes word
+        landing = self._landed()
+        landed = landing.buffers[peer]
+        requests = [landing.receives[peer if peer < self.rank else peer - 1]]
+        made = self._pair_packets.get((peer, sent_bytes))
+        if made is None:
+            if len(self._pair_packets) >= KEPT_SIZES:
+                self._free_pair_packets()  # (`kept` would drop the sends unfreed)
+            packet = numpy.empty(PAIR_BYTES + sent_bytes, numpy.uint8)
+            made = self._pair_packets[(peer, sent_bytes)] = (
+                packet, self.comm.Send_init(_bytes(packet), peer, TAG))
+        packet, send = made
+        requests.append(send)
+        receive, start_all, status = requests[0], MPI.Prequest.Startall, self._status
+        tally = self._tally([(sent_bytes, peer, expected_bytes, peer)])
+        # The packets' data as arrays of the messages' dtypes, made for the first call's (a
+        # copy between arrays of one dtype costs half one through a cast of bytes).
+        typed: list[Any] = []
 
         def step(mine: Any, into: Any, n_sent: int, n_expected: int) -> bool | tuple[int, ...]:
-            return self.pair_message(
-                mine, peer, into, (MESSAGES, n_sent, n_expected, c_sent, c_expected, dtypes),
-                (MESSAGES, n_expected, n_sent, c_expected, c_sent, mirrored))
+            if not typed or typed[0] is not mine.dtype or typed[1] is not into.dtype:
+                typed[:] = (mine.dtype, into.dtype,
+                            numpy.frombuffer(packet, mine.dtype, mine.size, PAIR_BYTES),
+                            numpy.frombuffer(landed, into.dtype, into.size, PAIR_BYTES))
+            # (all six words: a step of another kind of as many bytes shares the packet)
+            PAIR_WORDS.pack_into(packet, 0, MESSAGES, n_sent, n_expected, c_sent, c_expected,
+                                 dtypes)
+            typed[2][...] = mine
+            start_all(requests)
+            polls = self.spin
+            while not receive.Test(status):  # a short spin first, as the one-shot exchange's
+                polls -= 1
+                if polls < 0:
+                    self.wait(lambda: receive.Test(status), peer, "a message")
+                    break
+            if not send.Test():
+                self._wait_all([send], peer, "its message to be taken")
+            heard = PAIR_WORDS.unpack_from(landed, 0)
+            if heard != (MESSAGES, n_expected, n_sent, c_expected, c_sent, mirrored):
+                return heard
+            if status.Get_count(MPI.BYTE) == PAIR_BYTES:  # its words alone: the data follow
+                self.sendrecv(mine, peer, into, peer)
+                return True
+            into[...] = typed[3]
+            tally()
+            return True
         return step
 
     def _all_inputs(self, buf: Any, call: tuple[int, ...] | None, reads: Reads | None = None,

@@ -1014,7 +1014,8 @@ class SlotTransport(Transport):
         line = self._pair_words(self.rank, turn)
         theirs = self._ctl[peer][line + 1]
         if theirs & INLINE:
-            into.data.cast("B")[:] = self._pair_in[peer][turn & 1][:into.nbytes]
+            if into is not None:  # (None: a send alone)
+                into.data.cast("B")[:] = self._pair_in[peer][turn & 1][:into.nbytes]
         elif theirs & IN_PLACE:
             word = self._ctl[peer][line + WORDS - 1]
             if word & REGISTERED:
@@ -1024,7 +1025,8 @@ class SlotTransport(Transport):
                            word, into.view(numpy.uint8))
             self._own[(self._share_line + peer) * WORDS + 3] = turn  # we have read it
         else:  # the peer's message goes the general way (checked): ours goes that way too
-            self._sendrecv(mine, peer, into, peer)
+            self._sendrecv(mine, None if mine is None else peer, into,
+                           None if into is None else peer)
         if how == IN_PLACE and theirs & MARKS:  # the peer reads `mine`
             read = (self._share_line + self.rank) * WORDS + 3  # in the peer's lines
             their_lines = self._ctl[peer]
@@ -1033,26 +1035,42 @@ class SlotTransport(Transport):
         self._count("copy", mine, peer, into, peer)  # untraced: it only counts
         return True
 
-    def prepare_pair_message(self, peer: int, sent_bytes: int, expected_bytes: int,
+    def prepare_pair_message(self, peer: int, sent_bytes: int | None,
+                             expected_bytes: int | None,
                              kind: tuple[int, int, int]) -> Callable[..., Any] | None:
         """`pair_message` made ready for a run of checked sendrecvs with one `peer`, of flat
         arrays of `sent_bytes` and `expected_bytes` whose description is `kind`
         (`check.pair_kind`), as `prepare_all_inputs` readies an exchange: the lines, areas,
         words and marks that stay from call to call are found once, so that a call writes
         its two numbers and moves its data. At 8 B the unprepared way took 22.7-23.2 us, most of
-        it Python, and this one 14.5-15.0 (docs/performance.md, "Messages readied once").
+        it Python, and this one 14.5-15.0 (docs/performance.md, "Messages readied once"); then,
+        its wait spinning on the peer's line before the general wait, and the lane's Python
+        written out, 15.5-16.0 -> 10.6 in a slower spell (docs/performance.md, "Messages of
+        one kind, written out").
+        A send alone (`expected_bytes` None) or a recv alone (`sent_bytes` None) of up to a
+        pair area and a segment goes the same way: its words, with the data in the sender's
+        pair area, and one wait for the peer's (so a send returns once its receiver has come,
+        as the general way's does). At 8 B on 2 ranks a send and its recv took 8.1-8.3 us a
+        way so, where the general way's Python took 40-43. (A longer one goes the general way,
+        whose slots let the receiver copy one segment out while the sender copies the next
+        one in, and whose shared copies split the copy between both ends.)
 
-        Returns `step(mine, into, n_sent, n_expected)`, which answers as `pair_message`:
+        Returns `step(mine, into, n_sent, n_expected)` (`mine` or `into` None for a recv or
+        a send alone), which answers as `pair_message`:
         True once moved and counted; the peer's words where they differ from this rank's,
         mirrored; False, having done nothing, while any memory is registered (whose messages
         `pair_message` reads where they lie) or once `pairs_read_from` has changed. None
         where the messages go neither through the pair areas nor in place (through the
         slots: `pair_message`, `message`)."""
-        reads_from = self.pairs_read_from
-        if reads_from is not None and sent_bytes >= reads_from and expected_bytes >= reads_from:
+        reads_from, area = self.pairs_read_from, self._pair_area_bytes
+        if sent_bytes is None or expected_bytes is None:  # (see the docstring)
+            area = min(area, self._one_segment_bytes)
+        if reads_from is not None and sent_bytes is not None and expected_bytes is not None \
+                and sent_bytes >= reads_from and expected_bytes >= reads_from:
             how = IN_PLACE
-        elif self._pair_out is not None and 0 < sent_bytes <= self._pair_area_bytes \
-                and 0 < expected_bytes <= self._pair_area_bytes:
+        elif self._pair_out is not None and (sent_bytes, expected_bytes) != (None, None) \
+                and (sent_bytes is None or 0 < sent_bytes <= area) \
+                and (expected_bytes is None or 0 < expected_bytes <= area):
             how = INLINE
         else:
             return None
@@ -1071,11 +1089,11 @@ class SlotTransport(Transport):
         what = "read rank {}'s message"
         # What `_count` adds to `stats` for the two messages, summed once: a step is never
         # traced or watched (its caller takes those calls the general way).
-        tally = self._tally([(sent_bytes, peer, expected_bytes, peer)])
+        tally = self._tally([(sent_bytes or 0, peer, expected_bytes or 0, peer)])
         # The pair areas as arrays of the messages' dtypes, made for the first call's (a copy
         # between arrays of one dtype takes half a copy through a cast of bytes: 0.53 us
         # against 1.13 and 1.31 at 8 B): the dtypes, then our areas, then the peer's.
-        typed: list[Any] = []
+        typed: list[Any] = [None] * 4
 
         def step(mine: Any, into: Any, n_sent: int, n_expected: int) -> bool | tuple[int, ...]:
             if self._registered or self.pairs_read_from != reads_from:
@@ -1084,11 +1102,11 @@ class SlotTransport(Transport):
             parity = turn & 1
             line = says[parity]
             if outs is not None:
-                if not typed or typed[0] is not mine.dtype or typed[1] is not into.dtype:
-                    typed[:] = (mine.dtype, into.dtype,
-                                [numpy.frombuffer(out, mine.dtype, mine.size) for out in outs],
-                                [numpy.frombuffer(area, into.dtype, into.size) for area in ins])
-                typed[2][parity][...] = mine
+                if mine is not None:
+                    if typed[0] is not mine.dtype:
+                        typed[0], typed[2] = mine.dtype, [
+                            numpy.frombuffer(out, mine.dtype, mine.size) for out in outs]
+                    typed[2][parity][...] = mine
             else:
                 ours[line + WORDS - 1] = address_of(mine)
             pairs[peer] = turn  # (`_say`)
@@ -1096,9 +1114,13 @@ class SlotTransport(Transport):
                                  c_expected, dtypes)
             ours[line] = turn  # last: the words are now visible
             line = hears[parity]
-            if theirs[line] != turn:
-                self._hear(peer, (MESSAGES, n_sent, n_expected, c_sent, c_expected, dtypes),
-                           turn)
+            polls = self.spin
+            while theirs[line] != turn:  # a short spin first, as the one-shot exchange's
+                if not polls:
+                    self._hear(peer, (MESSAGES, n_sent, n_expected, c_sent, c_expected,
+                                      dtypes), turn)
+                    break
+                polls -= 1
             heard = PAIR_WORDS.unpack_from(their_bytes, (line + 1) * 8)
             if heard != (marked, n_expected, n_sent, c_expected, c_sent, mirrored):
                 unmarked = (heard[0] & ~MARKS, *heard[1:])
@@ -1106,13 +1128,21 @@ class SlotTransport(Transport):
                     return unmarked  # (nothing to withdraw, as `_through_pair_lines`)
                 return self._take_pair(mine, peer, into, turn, how)  # its data lies elsewhere
             if outs is not None:
-                into[...] = typed[3][parity]
+                if into is not None:
+                    if typed[1] is not into.dtype:
+                        typed[1], typed[3] = into.dtype, [
+                            numpy.frombuffer(area, into.dtype, into.size) for area in ins]
+                    into[...] = typed[3][parity]
             else:
                 self._move(self.memory.read, peer, what, theirs[line + WORDS - 1],
                            into.view(numpy.uint8))
                 ours[read_at] = turn  # we have read it
-                if theirs[read_by] < turn:
-                    self.wait(lambda: theirs[read_by] >= turn, peer, "its message to be read")
+                polls = self.spin
+                while theirs[read_by] < turn:
+                    if not polls:
+                        self.wait(lambda: theirs[read_by] >= turn, peer, "its message to be read")
+                        break
+                    polls -= 1
             tally()
             return True
         return step
