@@ -281,7 +281,8 @@ def mixed_paths_case(comm: Any) -> dict:
     """Pairs of sendrecv, then a send and its recv each way, between ranks 0 and 1 where one
     rank traces (the general path) and the other does not (the lane, and a transport's
     shortest way for a pair), then where neither does: they must meet as they do on one
-    path, agreeing, and disagreeing. Returns what each rank received and its stats."""
+    path, agreeing, and disagreeing. Returns what each rank received, its stats, and the
+    messages the transport readied steps for (small.py, `_step_message`)."""
     rank, got = comm.rank, []
     if rank > 1:
         return {"got": got, "stats": vars(comm.stats).copy()}
@@ -306,7 +307,10 @@ def mixed_paths_case(comm: Any) -> dict:
                     comm.recv(numpy.empty(3), peer)
             except Exception as error:  # noqa: BLE001 - what the rank raised is the result
                 got.append(type(error).__name__)
-    return {"got": got, "stats": vars(comm.stats).copy()}
+    stepped = sorted({key[0] for key, kind in comm._small_calls.items()
+                      if key[0] in ("send", "recv", "sendrecv") and kind is not None})
+    return {"got": got, "stats": vars(comm.stats).copy(), "stepped": stepped,
+            "transport": comm.transport}
 
 
 def pair_areas_case(comm: Any) -> dict:

@@ -33,6 +33,10 @@ from .errors import CollectiveError, InvalidArgumentError
 TAG = 17
 PAIR_WORDS = struct.Struct("=6Q")  # a point-to-point check's six integers (check.pair_agree)
 PAIR_BYTES = PAIR_WORDS.size
+# A send's or a recv's packet alone, by a readied step, is longer than the words by this
+# much, in front of its data: so its peer knows it from the general way's words alone. (It
+# still fits where it lands: `_Landing` has room for a one-shot header, a word more.)
+ONE_WAY_MARK_BYTES = 8
 # Messages of a pair up to this size go with the check's words in one packet (`pair_message`):
 # above it, copying the data into the packet and out of it costs more than the second round
 # trip saves (2 ranks here: 128 KiB 49 us against 56, 512 KiB 140 against 103).
@@ -284,51 +288,60 @@ class MPITransport(Transport):
         """`pair_message` for a run of checked sendrecvs with one `peer`, of flat arrays of
         `sent_bytes` and `expected_bytes` whose description is `kind` (`check.pair_kind`):
         `step(mine, into, n_sent, n_expected)`, where `message` makes the check and the data
-        two exchanges. None for messages larger than a packet holds.
+        two exchanges. A send alone (`expected_bytes` None, `into` None) or a recv alone
+        (`sent_bytes` None, `mine` None) goes the same way. None for messages larger than a
+        packet holds.
 
         Each way is one message: the pair's six words with the data behind them, landing where
         a one-shot packet does (`_Landing`, room for any: the receive is the one-shot
-        exchange's from this peer, the same buffer and tag). The packet and its persistent
-        send are kept per peer and size, as the one-shot's are; what stays from call to call
-        is found here, so that a call writes its two numbers and copies its data in and out
-        (an 8 B sendrecv on 2 ranks took 22.0-22.3 us with the step made anew each call,
-        12.7-12.9 so: docs/performance.md, "Messages of one kind, written out"). A peer on
-        the general way (a traced one) sends its words alone, then its data: the check is the
-        same, and the data then go that way. Steps are never traced or watched (their caller
-        takes those calls the general way)."""
+        exchange's from this peer, the same buffer and tag); a recv alone sends its words
+        alone. The packet and its persistent send are kept per peer and size, as the
+        one-shot's are; what stays from call to call is found here, so that a call writes
+        its two numbers and copies its data in and out (an 8 B sendrecv on 2 ranks took
+        22.0-22.3 us with the step made anew each call, 12.7-12.9 so: docs/performance.md,
+        "Messages of one kind, written out").
+
+        A peer on the general way (a traced one) sends its words alone, then its data: the
+        check is the same, and the data then go that way. So that a send's step knows a recv's
+        step from the general way (both send no data), a send's or a recv's packet alone has
+        ONE_WAY_MARK_BYTES between its words and its data. Steps are never traced or watched
+        (their caller takes those calls the general way)."""
         most = min(self.one_shot_bytes, PAIR_PACKET_BYTES)  # (what lands must fit: `_Landing`)
-        if self.xp is not numpy or sent_bytes is None or expected_bytes is None \
-                or not 0 < sent_bytes <= most or not 0 < expected_bytes <= most:
-            return None  # (a send or a recv alone goes the general way)
+        if self.xp is not numpy or (sent_bytes, expected_bytes) == (None, None) \
+                or any(n is not None and not 0 < n <= most for n in (sent_bytes, expected_bytes)):
+            return None
+        at = PAIR_BYTES if None not in (sent_bytes, expected_bytes) else \
+            PAIR_BYTES + ONE_WAY_MARK_BYTES  # where the data lie in a packet
         c_sent, c_expected, dtypes = kind
         mirrored = swapped_dtypes(dtypes)  # the peer's dtypes word
         landing = self._landed()
         landed = landing.buffers[peer]
         requests = [landing.receives[peer if peer < self.rank else peer - 1]]
-        made = self._pair_packets.get((peer, sent_bytes))
+        size = at + (sent_bytes or 0)
+        made = self._pair_packets.get((peer, size))
         if made is None:
             if len(self._pair_packets) >= KEPT_SIZES:
                 self._free_pair_packets()  # (`kept` would drop the sends unfreed)
-            packet = numpy.empty(PAIR_BYTES + sent_bytes, numpy.uint8)
-            made = self._pair_packets[(peer, sent_bytes)] = (
+            packet = numpy.empty(size, numpy.uint8)
+            made = self._pair_packets[(peer, size)] = (
                 packet, self.comm.Send_init(_bytes(packet), peer, TAG))
         packet, send = made
         requests.append(send)
         receive, start_all, status = requests[0], MPI.Prequest.Startall, self._status
-        tally = self._tally([(sent_bytes, peer, expected_bytes, peer)])
+        tally = self._tally([(sent_bytes or 0, peer, expected_bytes or 0, peer)])
         # The packets' data as arrays of the messages' dtypes, made for the first call's (a
         # copy between arrays of one dtype costs half one through a cast of bytes).
-        typed: list[Any] = []
+        typed: list[Any] = [None] * 4
 
         def step(mine: Any, into: Any, n_sent: int, n_expected: int) -> bool | tuple[int, ...]:
-            if not typed or typed[0] is not mine.dtype or typed[1] is not into.dtype:
-                typed[:] = (mine.dtype, into.dtype,
-                            numpy.frombuffer(packet, mine.dtype, mine.size, PAIR_BYTES),
-                            numpy.frombuffer(landed, into.dtype, into.size, PAIR_BYTES))
             # (all six words: a step of another kind of as many bytes shares the packet)
             PAIR_WORDS.pack_into(packet, 0, MESSAGES, n_sent, n_expected, c_sent, c_expected,
                                  dtypes)
-            typed[2][...] = mine
+            if mine is not None:
+                if typed[0] is not mine.dtype:
+                    typed[0] = mine.dtype
+                    typed[2] = numpy.frombuffer(packet, mine.dtype, mine.size, at)
+                typed[2][...] = mine
             start_all(requests)
             polls = self.spin
             while not receive.Test(status):  # a short spin first, as the one-shot exchange's
@@ -341,10 +354,15 @@ class MPITransport(Transport):
             heard = PAIR_WORDS.unpack_from(landed, 0)
             if heard != (MESSAGES, n_expected, n_sent, c_expected, c_sent, mirrored):
                 return heard
-            if status.Get_count(MPI.BYTE) == PAIR_BYTES:  # its words alone: the data follow
-                self.sendrecv(mine, peer, into, peer)
+            if status.Get_count(MPI.BYTE) == PAIR_BYTES:  # its words alone: the data go the
+                self.sendrecv(mine, None if mine is None else peer, into,  # general way
+                              None if into is None else peer)
                 return True
-            into[...] = typed[3]
+            if into is not None:
+                if typed[1] is not into.dtype:
+                    typed[1] = into.dtype
+                    typed[3] = numpy.frombuffer(landed, into.dtype, into.size, at)
+                into[...] = typed[3]
             tally()
             return True
         return step
