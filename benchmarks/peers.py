@@ -112,6 +112,12 @@ class MPIPeer:
                  src: int) -> None:
         self.comm.Sendrecv(sendbuf, dst, recvbuf=recvbuf, source=src)
 
+    def send(self, buf: numpy.ndarray, dst: int) -> None:
+        self.comm.Send(buf, dst)
+
+    def recv(self, buf: numpy.ndarray, src: int) -> None:
+        self.comm.Recv(buf, src)
+
     def close(self) -> None:
         self.comm.Free()
 
@@ -200,6 +206,12 @@ class TorchPeer:
         self.dist.all_to_all_single(self._tensor(recvbuf), self._tensor(sendbuf),
                                     group=self.group)
 
+    def send(self, buf: numpy.ndarray, dst: int) -> None:
+        self.dist.send(self._tensor(buf), dst, group=self.group)
+
+    def recv(self, buf: numpy.ndarray, src: int) -> None:
+        self.dist.recv(self._tensor(buf), src, group=self.group)
+
 
 class GlooPeer(TorchPeer):
     """torch.distributed with the Gloo backend, as the default process group, on CPU tensors,
@@ -274,6 +286,12 @@ class TorchRingccPeer(TorchPeer):
         else:
             self.group.recv(received, src, 0).wait()
             self.group.send(sent, dst, 0).wait()
+
+    def send(self, buf: numpy.ndarray, dst: int) -> None:
+        self.group.send([self._tensor(buf)], dst, 0).wait()  # (the group's own: see sendrecv)
+
+    def recv(self, buf: numpy.ndarray, src: int) -> None:
+        self.group.recv([self._tensor(buf)], src, 0).wait()
 
     def close(self) -> None:
         self.comm.close()

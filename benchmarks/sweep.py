@@ -23,7 +23,7 @@ from .plot import plot
 
 ROOT = Path(__file__).resolve().parent.parent
 COLLECTIVES = ("all_reduce", "all_gather", "broadcast", "scatter", "reduce_scatter", "gather",
-               "reduce", "all_to_all", "scan", "sendrecv")
+               "reduce", "all_to_all", "scan", "sendrecv", "send")
 OPTIONS = ["-b", "8", "-e", "16M", "-f", "8", "-n", "10", "-w", "2",
            "--compare", "mpi,gloo,memory"]
 

@@ -1,5 +1,6 @@
-"""The benchmarks of gather, reduce, all-to-all, scan and sendrecv: their bus-bandwidth factors,
-the memory bound's work, a peer that lacks a collective, and real runs checked against NumPy."""
+"""The benchmarks of gather, reduce, all-to-all, scan, sendrecv and send (a ping-pong): their
+bus-bandwidth factors, the memory bound's work, a peer that lacks a collective, and real runs
+checked against NumPy."""
 
 from __future__ import annotations
 
@@ -14,18 +15,21 @@ from benchmarks.all_to_all import ALL_TO_ALL
 from benchmarks.gather import GATHER
 from benchmarks.reduce import REDUCE
 from benchmarks.scan import SCAN
+from benchmarks.send import SEND
 from benchmarks.sendrecv import SENDRECV
 from launch import mpiexec
 from test_benchmarks import check_every_dtype_and_op, torch_here
 
-COLLECTIVES = [GATHER, REDUCE, ALL_TO_ALL, SCAN, SENDRECV]
+COLLECTIVES = [GATHER, REDUCE, ALL_TO_ALL, SCAN, SENDRECV, SEND]
 
 
 @pytest.mark.parametrize("collective, factor", [
     (GATHER, lambda n: (n - 1) / n), (ALL_TO_ALL, lambda n: (n - 1) / n),
-    (REDUCE, lambda n: 1.0), (SENDRECV, lambda n: 1.0), (SCAN, lambda n: 1.0)])
+    (REDUCE, lambda n: 1.0), (SENDRECV, lambda n: 1.0), (SCAN, lambda n: 1.0),
+    (SEND, lambda n: 1.0)])
 def test_bus_bandwidth_factors_are_nccl_tests_ones(collective, factor):
-    """nccl-tests: alltoall and gather (n-1)/n, reduce and sendrecv 1; scan has none."""
+    """nccl-tests: alltoall and gather (n-1)/n, reduce and sendrecv 1; scan and a ping-pong
+    have none."""
     for ranks in (1, 2, 3, 4, 8):
         assert collective.bus_factor(ranks) == pytest.approx(factor(ranks))
 
@@ -49,6 +53,10 @@ def test_the_references_say_which_ranks_get_a_result():
     numpy.testing.assert_array_equal(REDUCE.expected(data, 1, 3, "max", 1), data(2))
     numpy.testing.assert_array_equal(SCAN.expected(data, 1, 3, "sum", -1), data(0) + data(1))
     numpy.testing.assert_array_equal(SENDRECV.expected(data, 0, 3, "none", -1), data(2))
+    numpy.testing.assert_array_equal(SEND.expected(data, 0, 3, "none", -1), data(1))
+    numpy.testing.assert_array_equal(SEND.expected(data, 1, 3, "none", -1), data(0))
+    assert SEND.expected(data, 2, 3, "none", -1) is None  # (only ranks 0 and 1 play)
+    assert SEND.expected(data, 0, 1, "none", -1) is None
     blocks = ALL_TO_ALL.expected(lambda r: data(r).reshape(2, 2), 1, 2, "none", -1)
     numpy.testing.assert_array_equal(blocks, [[2, 3], [12, 13]])
 
