@@ -37,13 +37,15 @@ counts (docs/performance.md, "Small calls"). Anything else (a strided input, a r
 shape or dtype, a first call of its kind, an async call) goes the general path, which also raises
 the errors: the lane never decides what is wrong, only what is plain.
 
-Messages (send, recv, sendrecv: `small_message`) take a shorter lane, at any size: their
-arguments seen plain, then the transport's shortest way for a sendrecv with one peer (on shm
-the pair areas, up to 512 KiB on 2 ranks, the pair's messages read in place above them where
-direct reads work and each rank has a core), by a step the transport readies once per kind of
-message (`prepare_pair_message`, kept as the collectives' exchanges are: `small_sendrecv`), or by
-`pair_message`, else the general path's own moves (`Communicator._message`), without the
-decorator.
+Messages (send, recv, sendrecv) take a shorter lane, at any size: their arguments seen plain,
+then a step the transport readies once per kind of message (`prepare_pair_message`, kept as the
+collectives' exchanges are: `small_sendrecv`, `small_send`, `small_recv`, `_step_message`). On
+shm a sendrecv with one peer goes through the pair areas, up to 512 KiB on 2 ranks, and is read
+in place above them where direct reads work and each rank has a core; a send or a recv alone
+goes through the pair areas up to a segment. On mpi each way is one packet, the check's words
+and the data. Where there is no such step, `small_message` takes the transport's `pair_message`
+for a sendrecv with one peer, else the general path's own moves (`Communicator._message`),
+without the decorator.
 """
 
 from __future__ import annotations
