@@ -322,7 +322,7 @@ class MPITransport(Transport):
         if made is None:
             if len(self._pair_packets) >= KEPT_SIZES:
                 self._free_pair_packets()  # (`kept` would drop the sends unfreed)
-            packet = numpy.empty(size, numpy.uint8)
+            packet = numpy.zeros(size, numpy.uint8)  # (the mark bytes stay 0)
             made = self._pair_packets[(peer, size)] = (
                 packet, self.comm.Send_init(_bytes(packet), peer, TAG))
         packet, send = made
