@@ -43,7 +43,7 @@ from .reduce_scatter import (one_shot_reduce_scatter, read_in_one_exchange,
 from .scan import finish, one_shot_scan, recursive_doubling_scan
 from .scatter import scatter_from_root
 from .small import (GENERAL, small_all_gather, small_all_reduce, small_all_to_all,
-                    small_broadcast, small_gather, small_message, small_reduce,
+                    small_barrier, small_broadcast, small_gather, small_message, small_reduce,
                     small_recv, small_reduce_scatter, small_scan, small_scatter,
                     small_send, small_sendrecv)
 from .timeline import Trace, record_span, write_timeline
@@ -692,9 +692,15 @@ class Communicator:
             recvbuf[...] = work.reshape(recvbuf.shape)
         return recvbuf
 
-    @collective
-    def barrier(self) -> None:
+    def barrier(self, *, async_op: bool = False) -> Any:
         """Return once every rank has called `barrier`."""
+        if async_op or small_barrier(self) is GENERAL:
+            return self._barrier(async_op=async_op)
+        return None
+
+    @collective
+    def _barrier(self) -> None:
+        """`barrier` by the general path."""
         self._begin("barrier")
         if not self._checking or self.size == 1:
             # (With the check on, its exchange was the barrier: every rank waited there for

@@ -891,8 +891,8 @@ def small_calls_of_many_sizes_case(comm: Any, sizes: int) -> list:
 
 def small_call_mismatch_case(comm: Any) -> dict:
     """Both kinds known on every rank, rank 0 sums where the others take the max (then
-    broadcasts from root 0 where the others take root 1): the lane's check raises on every
-    rank, and the communicator goes on."""
+    broadcasts from root 0 where the others take root 1, then enters a barrier where the
+    others all-reduce): the lane's check raises on every rank, and the communicator goes on."""
     mine = values(comm.rank, 4, "float64")
     for op in ("sum", "max"):
         comm.all_reduce(mine, op=op)
@@ -909,7 +909,16 @@ def small_call_mismatch_case(comm: Any) -> dict:
         said_broadcast = None
     except Exception as error:  # noqa: BLE001
         said_broadcast = f"{type(error).__name__}: {error}"
-    return {"said": said, "said_broadcast": said_broadcast, "after": comm.all_reduce(mine)}
+    comm.barrier()  # and the barrier's lane: met by rank 0's traced one, then by an all-reduce
+    with comm.trace() if comm.rank == 0 else contextlib.nullcontext():
+        comm.barrier()
+    try:
+        comm.barrier() if comm.rank == 0 else comm.all_reduce(mine, op="sum")
+        said_barrier = None
+    except Exception as error:  # noqa: BLE001
+        said_barrier = f"{type(error).__name__}: {error}"
+    return {"said": said, "said_broadcast": said_broadcast, "said_barrier": said_barrier,
+            "after": comm.all_reduce(mine)}
 
 
 # ---- references, checked in the test process ----------------------------------------------

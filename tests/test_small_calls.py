@@ -241,6 +241,10 @@ def test_a_mismatch_in_the_lane_is_named_on_every_rank_and_the_communicator_goes
         assert said is not None and said.startswith(f"MismatchError: rank {rank}: ranks "
                                                     f"disagree"), said
         assert "root 0" in said and "root 1" in said, said
+        said = outcome["said_barrier"]
+        assert said is not None and said.startswith(f"MismatchError: rank {rank}: ranks "
+                                                    f"disagree"), said
+        assert "barrier" in said and "all_reduce" in said, said
         assert_matches(outcome["after"], want, "float64")
 
 

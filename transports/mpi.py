@@ -391,7 +391,7 @@ class MPITransport(Transport):
         header worked out beforehand (`_prepare_one_shot`). Every input moves whole (`reads`
         is not needed)."""
         nbytes = math.prod(shape) * numpy.dtype(dtype).itemsize
-        if (self.xp is not numpy or not 0 < nbytes <= self.one_shot_bytes or self.size == 1
+        if (self.xp is not numpy or not 0 <= nbytes <= self.one_shot_bytes or self.size == 1
                 or self.off_node):  # (across nodes, the general way counts those bytes apart)
             return super().prepare_all_inputs(shape, dtype, collective, call, moved, reads)
         return self._prepare_one_shot(shape, dtype, collective, call, moved,

@@ -1471,7 +1471,7 @@ class SlotTransport(Transport):
         any size where they are read in place."""
         nbytes = math.prod(shape) * numpy.dtype(dtype).itemsize
         in_place = reads is not None and self.reads_in_place(reads, nbytes)
-        if self.size == 1 or not (0 < nbytes <= self._area_bytes or in_place):
+        if self.size == 1 or not (0 <= nbytes <= self._area_bytes or in_place):
             return super().prepare_all_inputs(shape, dtype, collective, call, moved, reads)
         return self._prepare_one_shot(shape, dtype, collective, call, moved,
                                       self._one_shot_exchange(shape, dtype, reads), reads)
