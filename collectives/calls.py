@@ -41,18 +41,24 @@ def collective(method: Callable[..., Any]) -> Callable[..., Any]:
     the checks find before data moves (CallsDiffer, MessagesDiffer).
     """
     name = method.__name__.lstrip("_")  # `_all_reduce`, all_reduce's general path
+    general = name != method.__name__
 
     @functools.wraps(method)
     def call(self: Any, *args: Any, async_op: bool = False, **kwargs: Any) -> Any:
         if async_op or self._progress.outstanding:
+            # In its turn, the call runs as its blocking form does: through the public method
+            # (`all_reduce` for `_all_reduce`), whose small-call lane (small.py) it may take
+            # there, else this same wrapper. (Its arguments come in the public order.)
+            front = getattr(type(self), name, None) if general else None
+            run = (lambda: front(self, *args, **kwargs)) if front is not None else \
+                (lambda: call(self, *args, **kwargs))
             if not self._progress.on_thread():
                 self._usable()  # refused here, as a blocking call is, with no thread started
-                # On the progress thread, in its turn, this same wrapper runs the call.
                 work = self._progress.submit(f"{name} ({'async' if async_op else 'queued'} "
-                                             f"call)", lambda: call(self, *args, **kwargs))
+                                             f"call)", run)
                 return work if async_op else work.wait()
             if async_op:  # from a submitted function: its turn is now
-                return run_now(f"{name} (async call)", lambda: call(self, *args, **kwargs))
+                return run_now(f"{name} (async call)", run)
         self._in_flight = False  # until `_begin` starts the exchanges
         tensors: dict[int, Any] = {}  # id of the NumPy view -> the caller's torch tensor
         if _holds_tensor(args, kwargs):

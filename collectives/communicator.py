@@ -102,7 +102,7 @@ class Communicator:
             if use_device is not None:
                 use_device()
         self._progress = Progress(f"ringcc-progress-rank-{transport.rank}", prepare_progress,
-                                  on_callers_stream(transport.xp))
+                                  on_callers_stream(transport.xp), inline=transport.xp is numpy)
         # Calls up to this size may take the small-call lanes (small.py), which keep what
         # they know of each kind of call they have seen.
         self._small_bytes = transport.one_shot_bytes \

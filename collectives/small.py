@@ -34,8 +34,9 @@ exchange, prepared for that shape, dtype, descriptor and byte count
 (`transport.prepare_all_inputs`, as MPI's persistent collectives are): a run of calls of one
 kind looks them up once, and each call only moves its data. At a few bytes every lookup
 counts (docs/performance.md, "Small calls"). Anything else (a strided input, a recvbuf of another
-shape or dtype, a first call of its kind, an async call) goes the general path, which also raises
-the errors: the lane never decides what is wrong, only what is plain.
+shape or dtype, a first call of its kind) goes the general path, which also raises the errors:
+the lane never decides what is wrong, only what is plain. An async call takes the lane in its
+turn (calls.py), on the progress thread or on its waiter's.
 
 Messages (send, recv, sendrecv) take a shorter lane, at any size: their arguments seen plain,
 then a step the transport readies once per kind of message (`prepare_pair_message`, kept as the

@@ -143,8 +143,7 @@ def gather_case(comm: Any, count: int, dtype: str, layout: str, root: int,
                 block = root if recv == "in place" else (root + 1) % comm.size
                 recvbuf[block] = mine
                 mine = recvbuf[block]
-        got = comm.gather(mine, recvbuf, root=root, async_op=general)
-        got = got.wait() if general else got
+        got = (comm._gather if general else comm.gather)(mine, recvbuf, root=root)
         assert (got is None) == (comm.rank != root) and (recvbuf is None or got is recvbuf)
         out["general" if general else "result"] = got
     return {**out, "stats": vars(comm.stats).copy(), "phase": ended_in(comm)}
@@ -471,6 +470,16 @@ def marked_barrier_case(comm: Any, folder: str, hold: float) -> dict:
     return {"result": seen}
 
 
+def async_lane_case(comm: Any) -> dict:
+    """Three small all-reduces made async and waited for at once: their results, and whether
+    the small-call lane took them (it knows their kind)."""
+    comm._small_calls.clear()  # (the pool's communicator has made such calls before)
+    x = numpy.arange(3.0) + comm.rank
+    results = [comm.all_reduce(x, async_op=True).wait().tolist() for _ in range(3)]
+    return {"results": results, "transport": comm.transport,
+            "lane": ("all_reduce", "sum", x.dtype, x.shape) in comm._small_calls}
+
+
 def async_case(comm: Any, count: int, dtype: str, order: int) -> dict:
     """Every collective started with async_op=True, a blocking all-reduce queued behind them,
     then the Works waited on in an order that differs from rank to rank."""
@@ -667,7 +676,7 @@ def large_scatter_case(comm: Any, dtype: str) -> dict:
     """Scatters of blocks of LARGE_IN_PLACE_BYTES (more in all than the "one_shot" variant's
     one_shot_bytes) from every root, a recvbuf given: what each rank got, and how many calls
     took the general path rather than the lane (collectives/small.py); then rank 0 alone on
-    the general path (async), meeting the others' lanes."""
+    the general path (`_scatter`), meeting the others' lanes."""
     rank, size = comm.rank, comm.size
     count = LARGE_IN_PLACE_BYTES // numpy.dtype(dtype).itemsize
     with _general_path_counted(comm, "scatter") as general:
@@ -675,10 +684,9 @@ def large_scatter_case(comm: Any, dtype: str) -> dict:
                             if rank == root else None, numpy.empty(count, dtype), root=root)
                for root in range(size)]
         taken, general[0] = general[0], 0
-        mixed = comm.scatter(values(0, size * count, dtype).reshape(size, count)
-                             if rank == 0 else None, numpy.empty(count, dtype), root=0,
-                             async_op=rank == 0)
-        mixed = mixed.wait() if rank == 0 else mixed
+        mixed = (comm._scatter if rank == 0 else comm.scatter)(
+            values(0, size * count, dtype).reshape(size, count) if rank == 0 else None,
+            numpy.empty(count, dtype), root=0)
     return {"got": got, "general path": taken, "mixed": mixed, "mixed general": general[0]}
 
 

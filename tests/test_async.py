@@ -152,6 +152,44 @@ def test_submitted_functions_run_in_turn_and_their_calls_run_at_once():
         assert result == ([1.0, 3.0, 5.0], [2.0, 4.0, 6.0], [1, 1])
 
 
+def test_a_waiter_runs_the_calls_queued_up_to_its_own_in_order_where_none_is_running():
+    """A waiter whose call is still queued, with none running, runs the calls up to its own
+    itself, in order (work.py), instead of waiting for the thread to wake; not with a
+    timeout, which must return in time. Here the thread is held in its preparation, as if it
+    had not woken yet; what no one waits for, it runs once free."""
+    from collectives.work import Progress
+
+    hold, ran = threading.Event(), []
+    progress = Progress("progress", lambda: hold.wait(30))
+
+    def call(n: int) -> int:
+        ran.append((n, threading.current_thread().name, progress.on_thread()))
+        return n
+    works = [progress.submit(f"call {n}", lambda n=n: call(n)) for n in range(4)]
+    with pytest.raises(collectives.CollectiveTimeoutError, match="within 0.05 s"):
+        works[0].wait(timeout=0.05)  # (not ready: the thread's preparation has not run)
+    progress._ready = True  # as once it has run, the thread not woken since
+    with pytest.raises(collectives.CollectiveTimeoutError, match="within 0.05 s"):
+        works[0].wait(timeout=0.05)
+    assert ran == []
+    assert works[1].wait() == 1
+    me = threading.current_thread().name
+    assert ran == [(0, me, True), (1, me, True)] and not progress.on_thread()
+    assert progress.outstanding == 2 and works[0].is_completed()
+    hold.set()
+    progress.close()  # the thread runs what is left
+    assert [work.wait() for work in works] == [0, 1, 2, 3]
+    assert ran[2:] == [(2, "progress", True), (3, "progress", True)]
+
+
+def test_an_async_small_call_takes_the_lane_in_its_turn(run):
+    """An async call runs as its blocking form would, in its turn: a small one through its
+    public method and its lane (small.py), which then knows its kind, where there is one."""
+    for result in run("async_lane_case", 2, "auto"):
+        assert result["results"] == [[1.0, 3.0, 5.0]] * 3
+        assert result["lane"] == (result["transport"] in ("shm", "mpi")), result
+
+
 def test_every_collective_says_async_op_in_its_signature():
     for name in ("all_reduce", "all_gather", "broadcast", "scatter", "reduce_scatter", "gather",
                  "reduce", "all_to_all", "scan", "barrier", "send", "recv", "sendrecv"):

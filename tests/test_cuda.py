@@ -231,7 +231,8 @@ def test_a_call_on_the_progress_thread_runs_on_the_stream_current_where_it_was_m
     current = [Stream("the caller's")]
     stand_in = types.SimpleNamespace(
         cuda=types.SimpleNamespace(get_current_stream=lambda: current[0]))
-    progress = Progress("progress", None, on_callers_stream(stand_in))
+    # (As a GPU communicator's: its calls run on the thread, never on a waiter's.)
+    progress = Progress("progress", None, on_callers_stream(stand_in), inline=False)
     held = threading.Lock()
     held.acquire()
     first = progress.submit("a call that waits", held.acquire)

@@ -131,11 +131,11 @@ def unread_inputs_stay_out_of_the_areas(comm) -> None:
                 made = 1000.0 * (1 + 100 * root + 10 * kind + 5 * general)  # (none is 0)
                 mine = numpy.full(64, made + rank)
                 sent = mine.copy()
+                call = getattr(comm, f"_{collective}" if general else collective)
                 if collective == "scan":  # (in place: the last rank reads its own where it lies)
-                    got = comm.scan(mine, mine, async_op=general)
+                    got = call(mine, mine)
                 else:
-                    got = getattr(comm, collective)(mine, root=root, async_op=general)
-                got = got.wait() if general else got
+                    got = call(mine, root=root)
                 taken = rank == root if collective == "broadcast" else \
                     rank != size - 1 if collective == "scan" else rank != root
                 assert in_our_areas(sent) == taken, (collective, root, general)
@@ -178,9 +178,9 @@ def scatters_carry_their_blocks_in_their_descriptions(comm) -> None:
                 for area in areas:
                     area[...] = 0xA5
                 sent = list(transport._sent)
-                got = comm.scatter(blocks if rank == root else None, numpy.empty(block),
-                                   root=root, async_op=general)
-                numpy.testing.assert_array_equal(got.wait() if general else got, blocks[rank])
+                got = (comm._scatter if general else comm.scatter)(
+                    blocks if rank == root else None, numpy.empty(block), root=root)
+                numpy.testing.assert_array_equal(got, blocks[rank])
                 assert reads == [] and transport._sent == sent, (reads, root, general)
                 held = description_bytes(size) + blocks.nbytes if rank == root else 0
                 assert all((area[held:] == 0xA5).all() for area in areas), (root, general)
@@ -275,8 +275,7 @@ def registered_inputs_are_copied_where_they_lie(comm) -> None:
                 for general in (False, True):  # (by the lane, and by the general path)
                     in_place = held[2]
                     in_place[...] = mine
-                    comm.all_to_all(in_place, in_place, async_op=general)
-                    comm.wait_all()
+                    (comm._all_to_all if general else comm.all_to_all)(in_place, in_place)
                     numpy.testing.assert_array_equal(in_place, expected)
                 # An all-reduce reduces its own input where it lies, in place too (on the
                 # third rank, after the first two are reduced into it: a copy first).
@@ -285,14 +284,13 @@ def registered_inputs_are_copied_where_they_lie(comm) -> None:
                 for general in (False, True):
                     reduced = held[2]
                     reduced[...] = mine
-                    comm.all_reduce(mine, reduced, async_op=general)
-                    comm.all_reduce(reduced, reduced, async_op=general)
-                    comm.wait_all()
+                    all_reduce = comm._all_reduce if general else comm.all_reduce
+                    all_reduce(mine, reduced)
+                    all_reduce(reduced, reduced)
                     numpy.testing.assert_array_equal(reduced, total * size)
                     for root in range(size):  # (a reduce's root reduces its own where it lies)
                         reduced[...] = mine
-                        comm.reduce(reduced, reduced, root=root, async_op=general)
-                        comm.wait_all()
+                        (comm._reduce if general else comm.reduce)(reduced, reduced, root=root)
                         numpy.testing.assert_array_equal(reduced, total if rank == root else mine)
                         # A gather's root places its peers' blocks in its result: its own in
                         # place, or taken from another block of the result, or from apart;
@@ -306,14 +304,14 @@ def registered_inputs_are_copied_where_they_lie(comm) -> None:
                                 if into is not None:
                                     into[...] = -1
                                 sent[...] = wide[0, rank]
-                                got = comm.gather(sent, into, root=root, async_op=general)
-                                got = got.wait() if general else got
+                                got = (comm._gather if general else comm.gather)(
+                                    sent, into, root=root)
                                 if rank == root:
                                     numpy.testing.assert_array_equal(got, expected)
                         # An all-gather of such inputs, into a registered result or not.
                         for into in (wide[1], None):
-                            got = comm.all_gather(wide[0, rank], into, async_op=general)
-                            got = got.wait() if general else got
+                            got = (comm._all_gather if general else comm.all_gather)(
+                                wide[0, rank], into)
                             numpy.testing.assert_array_equal(got, expected)
                 root = size - 1
                 shared = held[0] if rank in registered else numpy.empty((size, count))
@@ -511,8 +509,8 @@ def shared_inputs_scenario() -> None:
                     sharing.shares = lambda: True
                     def run(name, *args, **kwargs):
                         moved.clear()
-                        got = getattr(comm, name)(*args, root=root, async_op=general, **kwargs)
-                        return got.wait() if general else got
+                        return getattr(comm, f"_{name}" if general else name)(
+                            *args, root=root, **kwargs)
 
                     why = (nbytes, root, general)
                     buf = mine.copy()
@@ -1471,7 +1469,7 @@ def one_sided_broadcast_scenario() -> None:
 def kept_own_scenario() -> None:
     """A reduce-scatter whose inputs are read in place reduces its own block where it lies in
     its input (`Transport.keeps_own`): the exchange copies nothing of it, by the lane and by
-    the general path (an async call); where the result overlaps the input, the exchange
+    the general path (`_reduce_scatter`); where the result overlaps the input, the exchange
     copies it first. The results are NumPy's, in rank order, every time."""
     import ctypes
     import types
@@ -1504,7 +1502,7 @@ def kept_own_scenario() -> None:
             if how == "lane":
                 got = comm.reduce_scatter(mine)
             elif how == "general":
-                got = comm.reduce_scatter(mine, async_op=True).wait()
+                got = comm._reduce_scatter(mine)
             else:
                 got = comm.reduce_scatter(mine, mine[rank])
             numpy.testing.assert_array_equal(got, want)

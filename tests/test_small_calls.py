@@ -172,7 +172,7 @@ def test_all_to_alls_and_all_gathers_read_in_place_take_one_exchange_at_any_size
 def test_a_scatter_takes_its_lane_at_any_size(run, variant):
     """A scatter whose blocks are larger in all than `one_shot_bytes` takes the lane all the
     same, its exchange being the blocks' description (collectives/small.py): right from every
-    root, no call on the general path; rank 0 alone on it (async) meets the others' lanes.
+    root, no call on the general path; rank 0 alone on it meets the others' lanes.
     With one_shot_bytes=0 ("ring") none takes a lane."""
     count = LARGE_IN_PLACE_BYTES // 8
     for rank, outcome in enumerate(run("large_scatter_case", SIZE, variant, dtype="float64")):
@@ -288,18 +288,17 @@ def test_the_lane_and_the_general_path_keep_the_inputs_byte_order():
 def test_a_scan_into_a_recvbuf_that_overlaps_its_input_in_one_exchange():
     """recvbuf = sendbuf shifted by half: the input, copied over recvbuf first, was then read
     from sendbuf, half overwritten by that copy (the lane and the steps read it right)."""
-    def body(comm, async_op):
+    def body(comm, general):
         base = numpy.zeros(12)
         mine, out = base[:8], base[4:]
         mine[...] = numpy.arange(8) + 10 * comm.rank
-        result = comm.scan(mine, out, async_op=async_op)
-        return (result.wait() if async_op else result).tolist()
+        return (comm._scan if general else comm.scan)(mine, out).tolist()
 
-    for async_op in (False, True):  # (an async call goes the general path)
-        for rank, got in enumerate(collectives.spawn(body, 2, async_op,
+    for general in (False, True):  # (the lane, and the general path)
+        for rank, got in enumerate(collectives.spawn(body, 2, general,
                                                      one_shot_bytes=1 << 20)):
             want = sum(numpy.arange(8) + 10 * r for r in range(rank + 1))
-            assert got == want.tolist(), (async_op, rank, got)
+            assert got == want.tolist(), (general, rank, got)
 
 
 @pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")  # (NumPy's, of matrix)
