@@ -184,10 +184,11 @@ a one-shot exchange is: each rank copies its data into its area for that peer (t
 the parity of the pair's turn), writes the check's six integers in its pair line, marked
 INLINE, and once the peer's line has come compares the words and copies the peer's data out of
 the peer's area for it. A turn's area is written again two turns later, once the peer has said
-the turn between, which it says only after it has read this one. A peer whose words are not
-marked (its message goes the general way: a traced rank, or a send alone) takes from the slots
-after its check, so the rank then sends through a slot, and takes the peer's from one, as the
-general way does. On host memory (the CUDA transport's data goes the general way). Memory per
+the turn between, which it says only after it has read this one. A send or a recv alone of up
+to a pair area and a segment goes the same way, one end's area unused. A peer whose words are
+not marked (its message goes the general way: a traced rank, or a larger send alone) takes from
+the slots after its check, so the rank then sends through a slot, and takes the peer's from one,
+as the general way does. On host memory (the CUDA transport's data goes the general way). Memory per
 rank: two pair areas per peer (`pair_area_bytes`: 512 KiB on 2 ranks, less on more, so that a
 rank's stay within 2 MiB, but 16 KiB at least), touched only by the messages that use them.
 Measured on 2 ranks (docs/performance.md, "Middle sizes"), a 32 KiB sendrecv took 35-36 us read in
