@@ -756,7 +756,7 @@ class Communicator:
         """
         src = dst if src is None else src
         if self._lane_message(sendbuf, async_op):
-            result = small_sendrecv(self, sendbuf, dst, recvbuf) if src == dst else GENERAL
+            result = small_sendrecv(self, sendbuf, dst, recvbuf, src)
             if result is GENERAL:
                 result = small_message(self, sendbuf, dst, recvbuf, src)
             if result is not GENERAL:

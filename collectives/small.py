@@ -42,11 +42,11 @@ Messages (send, recv, sendrecv) take a shorter lane, at any size: their argument
 then a step the transport readies once per kind of message (`prepare_pair_message`, kept as the
 collectives' exchanges are: `small_sendrecv`, `small_send`, `small_recv`, `_step_message`). On
 shm a sendrecv with one peer goes through the pair areas, up to 512 KiB on 2 ranks, and is read
-in place above them where direct reads work and each rank has a core; a send or a recv alone
-goes through the pair areas up to a segment. On mpi each way is one packet, the check's words
-and the data. Where there is no such step, `small_message` takes the transport's `pair_message`
-for a sendrecv with one peer, else the general path's own moves (`Communicator._message`),
-without the decorator.
+in place above them where direct reads work and each rank has a core; a send or a recv alone,
+and a sendrecv with two peers (`_ring_message`), go through the pair areas up to a segment. On
+mpi each way is one packet, the check's words and the data. Where there is no such step,
+`small_message` takes the transport's `pair_message` for a sendrecv with one peer, else the
+general path's own moves (`Communicator._message`), without the decorator.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ from .arguments import NUMERIC, output
 from .arrays import overlap
 from .blocks import equal, every_input, from_root, own_blocks, peers_inputs, to_root
 from .broadcast import read_from_root, reads_from_root, where_root
-from .check import MessagesDiffer, judge_pair, pair_kind, pair_said
+from .check import MessagesDiffer, judge_pair, mirrored, pair_kind, pair_said
 from .point_to_point import MessageName
 from .scan import finish, prefix
 from .scatter import (LENGTH, WHERE, blank, describe, description_bytes, give_blocks,
@@ -471,10 +471,11 @@ def small_message(comm: Any, sendbuf: numpy.ndarray | None, dst: int | None,
     return recvbuf
 
 
-def small_sendrecv(comm: Any, sendbuf: numpy.ndarray, peer: Any, recvbuf: Any | None) -> Any:
-    """`comm.sendrecv(sendbuf, peer, recvbuf, peer)` by a readied step (`_step_message`):
-    `recvbuf` (a new array where None), or GENERAL. The caller has seen that sendbuf is a
-    NumPy array of more than zero bytes."""
+def small_sendrecv(comm: Any, sendbuf: numpy.ndarray, dst: Any, recvbuf: Any | None,
+                   src: Any) -> Any:
+    """`comm.sendrecv(sendbuf, dst, recvbuf, src)` by a readied step (`_step_message`, or
+    `_ring_message` for two peers): `recvbuf` (a new array where None), or GENERAL. The
+    caller has seen that sendbuf is a NumPy array of more than zero bytes."""
     if recvbuf is None:
         recvbuf = numpy.empty(sendbuf.shape, sendbuf.dtype)
     if (type(recvbuf) is not numpy.ndarray
@@ -482,8 +483,74 @@ def small_sendrecv(comm: Any, sendbuf: numpy.ndarray, peer: Any, recvbuf: Any | 
                     and recvbuf.flags.writeable)
             or overlap(recvbuf, sendbuf, numpy)):
         return GENERAL
-    key = ("sendrecv", peer, sendbuf.dtype, sendbuf.shape, recvbuf.dtype, recvbuf.shape)
-    return recvbuf if _step_message(comm, key, sendbuf, peer, recvbuf) else GENERAL
+    if dst == src:
+        key = ("sendrecv", dst, sendbuf.dtype, sendbuf.shape, recvbuf.dtype, recvbuf.shape)
+        return recvbuf if _step_message(comm, key, sendbuf, dst, recvbuf) else GENERAL
+    return recvbuf if _ring_message(comm, sendbuf, dst, recvbuf, src) else GENERAL
+
+
+def _ring_message(comm: Any, mine: numpy.ndarray, dst: Any, into: numpy.ndarray,
+                  src: Any) -> bool:
+    """A sendrecv with two peers (a ring shift) by the step the transport readies for its
+    kind (`prepare_ring_message`), as `_step_message` makes one with one peer: True once
+    moved; False, nothing done, where there is none. Where one pair disagrees, the other's
+    half has moved and takes its number, and both ends of the pair that disagreed raise, as
+    `Communicator._message` has it."""
+    transport = comm._transport
+    if (type(dst) is not int or type(src) is not int or transport.trace is not None
+            or transport.on_transfer is not None or comm._broken is not None
+            or transport.closed or comm._progress.outstanding and not comm._progress.on_thread()):
+        return False
+    key = ("sendrecv", dst, src, mine.dtype, mine.shape, into.dtype, into.shape)
+    kind = comm._small_calls.get(key, GENERAL)
+    if kind is GENERAL:
+        kind = _learn_ring(comm, key, mine, dst, into, src)
+    if kind is None:
+        return False
+    step, name = kind
+    counted = comm._messages
+    name.sent = n_sent = counted.sent[dst] + 1
+    name.received = n_expected = counted.received[src] + 1
+    transport.begin(name, None, "sendrecv")
+    try:
+        moved = step(_flat(mine), _flat(into), n_sent, n_expected)
+    except BaseException as error:  # (as `_messages`: the step raises no MessagesDiffer)
+        if not isinstance(error, (ValueError, TypeError)):
+            comm._break(error)
+        raise
+    if moved is False:
+        return False
+    if moved is not True:  # the words of each peer, one pair's differing: raises
+        said = {dst: pair_said(n_sent, 0, pair_kind(mine, None))[0],
+                src: pair_said(0, n_expected, pair_kind(None, into))[0]}
+        if moved[dst] is True:
+            counted.sent[dst] = n_sent
+            moved[dst] = mirrored(said[dst])
+        if moved[src] is True:
+            counted.received[src] = n_expected
+            moved[src] = mirrored(said[src])
+        _messages(comm, lambda: judge_pair(transport, said, moved))
+    counted.sent[dst], counted.received[src] = n_sent, n_expected  # (`Messages.count`)
+    return True
+
+
+def _learn_ring(comm: Any, key: tuple, mine: numpy.ndarray, dst: int, into: numpy.ndarray,
+                src: int) -> tuple[Callable[..., Any], MessageName] | None:
+    """`_learn_pair` for a sendrecv with two peers: the step `prepare_ring_message` readies,
+    and the call's name."""
+    transport = comm._transport
+    size, rank = transport.size, transport.rank
+    step = None
+    if comm._checking and transport.prepare_ring_message is not None \
+            and 0 <= dst < size and 0 <= src < size and rank not in (dst, src) \
+            and mine.dtype.kind in NUMERIC and into.dtype.kind in NUMERIC:
+        step = transport.prepare_ring_message(dst, src, mine.nbytes, into.nbytes,
+                                              pair_kind(mine, into))
+    if len(comm._small_calls) >= KINDS_KEPT:
+        comm._small_calls.clear()
+    kind = comm._small_calls[key] = None if step is None else (step,
+                                                               MessageName(dst, 0, src, 0))
+    return kind
 
 
 def small_send(comm: Any, buf: numpy.ndarray, dst: Any) -> Any:

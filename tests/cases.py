@@ -395,8 +395,10 @@ def pair_in_place_case(comm: Any) -> dict:
 
 def ring_mismatch_case(comm: Any, count: int) -> dict:
     """A ring shift by sendrecv, twice: in the first, rank 0 sends one element more than rank
-    1 expects. Each rank returns, per round, what it raised or what it received."""
+    1 expects. Each rank returns, per round, what it raised or what it received, and whether
+    the second took a step readied for a sendrecv with two peers (small.py, `_ring_message`)."""
     rank, size = comm.rank, comm.size
+    comm._small_calls.clear()  # (the pool's communicator has made such calls before)
     rounds = []
     for shift in range(2):
         mine = values(rank + 10 * shift, count + (shift == 0 and rank == 0), "float64")
@@ -406,7 +408,21 @@ def ring_mismatch_case(comm: Any, count: int) -> dict:
             rounds.append(into)
         except Exception as error:  # noqa: BLE001 - what every rank raised is the result
             rounds.append(f"{type(error).__name__}: {error}")
-    return {"result": rounds}
+    key = ("sendrecv", (rank + 1) % size, (rank - 1) % size, numpy.dtype("float64"),
+           (count,), numpy.dtype("float64"), (count,))
+    return {"result": rounds, "stepped": comm._small_calls.get(key) is not None,
+            "transport": comm.transport}
+
+
+def mixed_ring_case(comm: Any) -> dict:
+    """Ring shifts by sendrecv where one rank in turn traces (the general path) and the others
+    do not (a step readied for two peers, on shm), then where none does: what each received."""
+    rank, size, got = comm.rank, comm.size, []
+    for trial in range(size + 1):
+        with comm.trace() if trial < size and rank == trial else contextlib.nullcontext():
+            got.append(comm.sendrecv(values(rank + trial, 5, "float64"), (rank + 1) % size,
+                                     src=(rank - 1) % size).tolist())
+    return {"got": got, "stats": vars(comm.stats).copy()}
 
 
 def collective_met_case(comm: Any, collective: str) -> dict:

@@ -73,6 +73,14 @@ def test_a_pair_on_the_general_path_meets_one_on_the_shortest_way(run):
                                      if result["transport"] in ("shm", "mpi") else []), result
 
 
+def test_a_ring_shift_meets_a_rank_on_the_general_path(run):
+    """On 3 ranks, each rank in turn traces (the general path) while the others take the
+    step readied for a sendrecv with two peers: every shift is right."""
+    for rank, result in enumerate(run("mixed_ring_case", 3, "auto")):
+        assert result["got"] == [values((rank - 1) % 3 + trial, 5, "float64").tolist()
+                                 for trial in range(4)], result["got"]
+
+
 @pytest.mark.parametrize("sent, expected", [("float64", "float64"), ("int8", "complex128"),
                                              (">f4", "bool")])
 def test_the_lane_describes_a_sendrecv_as_the_general_path_does(sent, expected):
@@ -124,7 +132,8 @@ def test_a_sendrecv_moves_the_half_whose_pair_agreed(run, count):
     """A ring shift on 3 ranks where only ranks 0 and 1 disagree (rank 0 sends one element
     too many): they raise, rank 2, whose pairs both agreed, gets rank 1's message, and the next
     shift is right everywhere. Before, the half whose pair agreed was dropped: rank 2 took
-    rank 1's next message, or its check's words, as this one's data, with no error."""
+    rank 1's next message, or its check's words, as this one's data, with no error. On shm
+    the small shift takes a step readied for two peers, which keeps the same rule."""
     for rank, result in enumerate(run("ring_mismatch_case", 3, "auto", count=count)):
         first, second = result["result"]
         if rank < 2:
@@ -133,6 +142,8 @@ def test_a_sendrecv_moves_the_half_whose_pair_agreed(run, count):
         else:
             numpy.testing.assert_array_equal(first, values(1, count, "float64"))
         numpy.testing.assert_array_equal(second, values((rank - 1) % 3 + 10, count, "float64"))
+        # On shm a small ring shift takes a readied step (a larger one, the general path).
+        assert result["stepped"] == (result["transport"] == "shm" and count < 1 << 15), result
 
 
 def test_counts_that_differ_raise_mismatch_on_every_rank_of_every_transport(run):

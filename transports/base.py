@@ -209,8 +209,10 @@ class Transport(ABC):
     # shortest way for it (slots.py's `pair_message`), else None.
     pair_message: Callable[..., bool | tuple[int, ...]] | None = None
     # That way made ready for a run of messages alike (`prepare_pair_message`: slots.py,
-    # mpi.py), where the transport has one, else None.
+    # mpi.py), where the transport has one, else None; and for a sendrecv with two peers, a
+    # ring shift (`prepare_ring_message`: slots.py).
     prepare_pair_message: Callable[..., Callable[..., Any] | None] | None = None
+    prepare_ring_message: Callable[..., Callable[..., Any] | None] | None = None
     # The hierarchical transport's parts: the ranks of this node, and one rank per node.
     node: Transport | None = None
     across: Transport | None = None

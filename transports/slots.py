@@ -185,7 +185,9 @@ the parity of the pair's turn), writes the check's six integers in its pair line
 INLINE, and once the peer's line has come compares the words and copies the peer's data out of
 the peer's area for it. A turn's area is written again two turns later, once the peer has said
 the turn between, which it says only after it has read this one. A send or a recv alone of up
-to a pair area and a segment goes the same way, one end's area unused. A peer whose words are
+to a pair area and a segment goes the same way, one end's area unused, and so does a sendrecv
+with two peers (a ring shift: `prepare_ring_message`), as a send alone to one and a recv alone
+from the other, both published before either is waited for. A peer whose words are
 not marked (its message goes the general way: a traced rank, or a larger send alone) takes from
 the slots after its check, so the rank then sends through a slot, and takes the peer's from one,
 as the general way does. On host memory (the CUDA transport's data goes the general way). Memory per
@@ -1063,8 +1065,59 @@ class SlotTransport(Transport):
         `pair_message` reads where they lie) or once `pairs_read_from` has changed. None
         where the messages go neither through the pair areas nor in place (through the
         slots: `pair_message`, `message`)."""
+        reads_from = self.pairs_read_from
+        phases = self._pair_phases(peer, sent_bytes, expected_bytes, kind)
+        if phases is None:
+            return None
+        publish, finish = phases
+
+        def step(mine: Any, into: Any, n_sent: int, n_expected: int) -> bool | tuple[int, ...]:
+            if self._registered or self.pairs_read_from != reads_from:
+                return False
+            return finish(mine, into, n_sent, n_expected, publish(mine, n_sent, n_expected))
+        return step
+
+    def prepare_ring_message(self, dst: int, src: int, sent_bytes: int, expected_bytes: int,
+                             kind: tuple[int, int, int]) -> Callable[..., Any] | None:
+        """`prepare_pair_message` for a sendrecv with two peers (a ring shift): a send alone to
+        `dst` and a recv alone from `src`, each published before either is waited for, so that
+        ranks that all send and receive at once never wait on each other. Returns
+        `step(mine, into, n_sent, n_expected)`: True once both have moved; else the words
+        heard from each peer, by peer, the half whose pair agreed moved (as `message` moves
+        it); False, having done nothing, as `prepare_pair_message`'s. None where either goes
+        neither through the pair areas nor in place."""
+        c_sent, c_expected, dtypes = kind
+        sending = self._pair_phases(dst, sent_bytes, None, (c_sent, 0, dtypes >> 32 << 32))
+        receiving = self._pair_phases(src, None, expected_bytes,
+                                      (0, c_expected, dtypes & 0xFFFFFFFF))
+        if sending is None or receiving is None:
+            return None
+        reads_from = self.pairs_read_from
+        (publish_out, finish_out), (publish_in, finish_in) = sending, receiving
+
+        def step(mine: Any, into: Any, n_sent: int,
+                 n_expected: int) -> bool | dict[int, tuple[int, ...]]:
+            if self._registered or self.pairs_read_from != reads_from:
+                return False
+            out, come = publish_out(mine, n_sent, 0), publish_in(None, 0, n_expected)
+            sent, received = finish_out(mine, None, n_sent, 0, out), \
+                finish_in(None, into, 0, n_expected, come)
+            if sent is True and received is True:
+                return True
+            return {dst: sent, src: received}
+        return step
+
+    def _pair_phases(self, peer: int, sent_bytes: int | None, expected_bytes: int | None,
+                     kind: tuple[int, int, int]) -> tuple[Callable[..., int],
+                                                          Callable[..., Any]] | None:
+        """The two halves of a readied step with `peer` (`prepare_pair_message`): `publish(mine,
+        n_sent, n_expected)`, which writes the data (or where it lies) and the words, and
+        returns the pair's turn; and `finish(mine, into, n_sent, n_expected, turn)`, which
+        waits for the peer's words and takes its data: True, or the peer's words where they
+        differ (after a peer whose data lies elsewhere, True once taken from there). None
+        where the messages go neither through the pair areas nor in place."""
         reads_from, area = self.pairs_read_from, self._pair_area_bytes
-        if sent_bytes is None or expected_bytes is None:  # (see the docstring)
+        if sent_bytes is None or expected_bytes is None:  # (see `prepare_pair_message`)
             area = min(area, self._one_segment_bytes)
         if reads_from is not None and sent_bytes is not None and expected_bytes is not None \
                 and sent_bytes >= reads_from and expected_bytes >= reads_from:
@@ -1096,25 +1149,26 @@ class SlotTransport(Transport):
         # against 1.13 and 1.31 at 8 B): the dtypes, then our areas, then the peer's.
         typed: list[Any] = [None] * 4
 
-        def step(mine: Any, into: Any, n_sent: int, n_expected: int) -> bool | tuple[int, ...]:
-            if self._registered or self.pairs_read_from != reads_from:
-                return False
+        def publish(mine: Any, n_sent: int, n_expected: int) -> int:
             turn = pairs[peer] + 1
-            parity = turn & 1
-            line = says[parity]
+            line = says[turn & 1]
             if outs is not None:
                 if mine is not None:
                     if typed[0] is not mine.dtype:
                         typed[0], typed[2] = mine.dtype, [
                             numpy.frombuffer(out, mine.dtype, mine.size) for out in outs]
-                    typed[2][parity][...] = mine
-            else:
+                    typed[2][turn & 1][...] = mine
+            elif mine is not None:
                 ours[line + WORDS - 1] = address_of(mine)
             pairs[peer] = turn  # (`_say`)
             PAIR_WORDS.pack_into(our_bytes, (line + 1) * 8, marked, n_sent, n_expected, c_sent,
                                  c_expected, dtypes)
             ours[line] = turn  # last: the words are now visible
-            line = hears[parity]
+            return turn
+
+        def finish(mine: Any, into: Any, n_sent: int, n_expected: int,
+                   turn: int) -> bool | tuple[int, ...]:
+            line = hears[turn & 1]
             polls = self.spin
             while theirs[line] != turn:  # a short spin first, as the one-shot exchange's
                 if not polls:
@@ -1133,20 +1187,21 @@ class SlotTransport(Transport):
                     if typed[1] is not into.dtype:
                         typed[1], typed[3] = into.dtype, [
                             numpy.frombuffer(area, into.dtype, into.size) for area in ins]
-                    into[...] = typed[3][parity]
+                    into[...] = typed[3][turn & 1]
             else:
-                self._move(self.memory.read, peer, what, theirs[line + WORDS - 1],
-                           into.view(numpy.uint8))
-                ours[read_at] = turn  # we have read it
+                if into is not None:
+                    self._move(self.memory.read, peer, what, theirs[line + WORDS - 1],
+                               into.view(numpy.uint8))
+                    ours[read_at] = turn  # we have read it
                 polls = self.spin
-                while theirs[read_by] < turn:
+                while mine is not None and theirs[read_by] < turn:
                     if not polls:
                         self.wait(lambda: theirs[read_by] >= turn, peer, "its message to be read")
                         break
                     polls -= 1
             tally()
             return True
-        return step
+        return publish, finish
 
     def _one_segment(self, sendbuf: Any | None, dst: int | None, recvbuf: Any | None,
                      src: int | None) -> None:
