@@ -44,7 +44,8 @@ collectives' exchanges are: `small_sendrecv`, `small_send`, `small_recv`, `_step
 shm a sendrecv with one peer goes through the pair areas, up to 512 KiB on 2 ranks, and is read
 in place above them where direct reads work and each rank has a core; a send or a recv alone,
 and a sendrecv with two peers (`_ring_message`), go through the pair areas up to a segment. On
-mpi each way is one packet, the check's words and the data. Where there is no such step,
+mpi each way is one packet, the check's words and the data (up to 128 KiB), for one peer or
+two. Where there is no such step,
 `small_message` takes the transport's `pair_message` for a sendrecv with one peer, else the
 general path's own moves (`Communicator._message`), without the decorator.
 """

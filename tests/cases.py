@@ -425,6 +425,25 @@ def mixed_ring_case(comm: Any) -> dict:
     return {"got": got, "stats": vars(comm.stats).copy()}
 
 
+def messages_of_many_sizes_case(comm: Any, sizes: int) -> dict:
+    """Three rounds of sendrecvs, ring shifts, and sends with their recvs, of 1 to `sizes`
+    elements: more kinds than a transport keeps packets for (mpi.py's KEPT_SIZES), each
+    readied step taken again once its packet has gone. What each rank received, in order."""
+    rank, size, got = comm.rank, comm.size, []
+    for _ in range(3):
+        for count in range(1, sizes + 1):
+            got.append(comm.sendrecv(values(rank, count, "float64"), rank ^ 1 if rank ^ 1 < size
+                                     else rank).tolist())
+            got.append(comm.sendrecv(values(rank, count, "float64"), (rank + 1) % size,
+                                     src=(rank - 1) % size).tolist())
+            if rank < 2 and size > 1:
+                if rank == 0:
+                    comm.send(values(rank, count, "float64"), 1)
+                else:
+                    got.append(comm.recv(numpy.empty(count), 0).tolist())
+    return {"got": got}
+
+
 def collective_met_case(comm: Any, collective: str) -> dict:
     """On 2 ranks, rank 0 makes a collective call (`collective`: "barrier", "all_reduce", or
     "large all_reduce", past the one-shot) while rank 1 receives from it; each returns what it

@@ -20,6 +20,7 @@ import collectives
 from cases import values
 from collectives import check
 from launch import mpiexec, rank_env
+from transports.mpi import KEPT_SIZES
 from transports.slots import pair_area_bytes
 
 TIMEOUT = 3  # seconds: a rank left waiting gives up after this
@@ -81,6 +82,23 @@ def test_a_ring_shift_meets_a_rank_on_the_general_path(run):
                                  for trial in range(4)], result["got"]
 
 
+def test_readied_messages_outlive_a_sweep_of_more_sizes_than_the_transport_keeps(run):
+    """The lane keeps each kind of message's step; the mpi transport keeps fewer packets than
+    that (KEPT_SIZES), and a step whose packet has gone takes a new one. Cycling through more
+    sizes than it keeps, on 3 ranks, every message is right."""
+    sizes = KEPT_SIZES + 3
+    for rank, result in enumerate(run("messages_of_many_sizes_case", 3, "auto", sizes=sizes)):
+        want = []
+        for _ in range(3):
+            for count in range(1, sizes + 1):
+                want.append(values(rank ^ 1 if rank ^ 1 < 3 else rank, count,
+                                   "float64").tolist())
+                want.append(values((rank - 1) % 3, count, "float64").tolist())
+                if rank == 1:
+                    want.append(values(0, count, "float64").tolist())
+        assert result["got"] == want
+
+
 @pytest.mark.parametrize("sent, expected", [("float64", "float64"), ("int8", "complex128"),
                                              (">f4", "bool")])
 def test_the_lane_describes_a_sendrecv_as_the_general_path_does(sent, expected):
@@ -133,7 +151,7 @@ def test_a_sendrecv_moves_the_half_whose_pair_agreed(run, count):
     too many): they raise, rank 2, whose pairs both agreed, gets rank 1's message, and the next
     shift is right everywhere. Before, the half whose pair agreed was dropped: rank 2 took
     rank 1's next message, or its check's words, as this one's data, with no error. On shm
-    the small shift takes a step readied for two peers, which keeps the same rule."""
+    and mpi the small shift takes a step readied for two peers, which keeps the same rule."""
     for rank, result in enumerate(run("ring_mismatch_case", 3, "auto", count=count)):
         first, second = result["result"]
         if rank < 2:
@@ -142,8 +160,10 @@ def test_a_sendrecv_moves_the_half_whose_pair_agreed(run, count):
         else:
             numpy.testing.assert_array_equal(first, values(1, count, "float64"))
         numpy.testing.assert_array_equal(second, values((rank - 1) % 3 + 10, count, "float64"))
-        # On shm a small ring shift takes a readied step (a larger one, the general path).
-        assert result["stepped"] == (result["transport"] == "shm" and count < 1 << 15), result
+        # On shm and mpi a small ring shift takes a readied step (a larger one, the general
+        # path).
+        assert result["stepped"] == (result["transport"] in ("shm", "mpi")
+                                     and count < 1 << 15), result
 
 
 def test_counts_that_differ_raise_mismatch_on_every_rank_of_every_transport(run):

@@ -61,6 +61,35 @@ def swapped_dtypes(dtypes: int) -> int:
     return (dtypes & 0xFFFFFFFF) << 32 | dtypes >> 32
 
 
+def ring_kinds(kind: tuple[int, int, int]) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """A sendrecv's description with two peers (`check.pair_kind`: counts sent and expected,
+    and the dtypes word) as its two halves: a send alone, and a recv alone."""
+    c_sent, c_expected, dtypes = kind
+    return (c_sent, 0, dtypes >> 32 << 32), (0, c_expected, dtypes & 0xFFFFFFFF)
+
+
+def ring_step(dst: int, sending: tuple[Callable[..., Any], Callable[..., Any]], src: int,
+              receiving: tuple[Callable[..., Any], Callable[..., Any]],
+              stale: Callable[[], bool] = lambda: False) -> Callable[..., Any]:
+    """A transport's readied step for a sendrecv with two peers (`prepare_ring_message`), made
+    of the halves of its steps for one (`publish`, then `finish`: a send alone to `dst`, a recv
+    alone from `src`), both published before either is finished, so that ranks that all send
+    and receive at once never wait on each other. `step(mine, into, n_sent, n_expected)`:
+    True once both have moved; else each peer's words, or True for a half that agreed and
+    moved, by peer; False, having done nothing, while `stale()`."""
+    (publish_out, finish_out), (publish_in, finish_in) = sending, receiving
+
+    def step(mine: Any, into: Any, n_sent: int,
+             n_expected: int) -> bool | dict[int, bool | tuple[int, ...]]:
+        if stale():
+            return False
+        out, come = publish_out(mine, n_sent, 0), publish_in(None, 0, n_expected)
+        sent = finish_out(mine, None, n_sent, 0, out)
+        received = finish_in(None, into, 0, n_expected, come)
+        return True if sent is True and received is True else {dst: sent, src: received}
+    return step
+
+
 def call_line(call: tuple[int, ...] | None, nbytes: int) -> memoryview:
     """A call's `CALL_LINE` (its descriptor, or NO_CALL, then `nbytes`), writable, as 8-byte
     words: lines are compared whole, and two lines of words compare in a third of the time
@@ -210,7 +239,7 @@ class Transport(ABC):
     pair_message: Callable[..., bool | tuple[int, ...]] | None = None
     # That way made ready for a run of messages alike (`prepare_pair_message`: slots.py,
     # mpi.py), where the transport has one, else None; and for a sendrecv with two peers, a
-    # ring shift (`prepare_ring_message`: slots.py).
+    # ring shift (`prepare_ring_message`: slots.py, mpi.py, each through `ring_step`).
     prepare_pair_message: Callable[..., Callable[..., Any] | None] | None = None
     prepare_ring_message: Callable[..., Callable[..., Any] | None] | None = None
     # The hierarchical transport's parts: the ranks of this node, and one rank per node.

@@ -25,7 +25,7 @@ import numpy
 from mpi4py import MPI
 
 from .base import (CALL_LINE, MESSAGES, Exchange, Moved, Reads, ReduceOp, Transport, call_line,
-                   kept, segments, swapped_dtypes)
+                   kept, ring_kinds, ring_step, segments, swapped_dtypes)
 from .bootstrap import duplicated, nodes, start
 from .cuda import copy_bytes, pinned_empty, use_gpu
 from .errors import CollectiveError, InvalidArgumentError
@@ -106,6 +106,16 @@ class _Shot:
         self.freed = True
 
 
+class _Packet:
+    """A pair step's packet of one size to one peer, and its persistent send (`_pair_phases`):
+    `freed` once `_free_pair_packets` has freed the send, and a step then takes a new one."""
+
+    def __init__(self, comm: MPI.Comm, peer: int, size: int) -> None:
+        self.packet = numpy.zeros(size, numpy.uint8)  # (a one-way step's mark bytes stay 0)
+        self.send = comm.Send_init(_bytes(self.packet), peer, TAG)
+        self.freed = False
+
+
 class MPITransport(Transport):
     """Point-to-point over a duplicate of `comm` (default `MPI.COMM_WORLD`)."""
 
@@ -139,7 +149,7 @@ class MPITransport(Transport):
             self._sending: dict[int, _Shot] = {}  # by packet size
             self._exchanges: dict[tuple, Callable[..., list[Any]]] = {}  # by shape and dtype
             # `pair_message`'s packets and their persistent sends, by peer and data size.
-            self._pair_packets: dict[tuple[int, int], tuple[numpy.ndarray, MPI.Prequest]] = {}
+            self._pair_packets: dict[tuple[int, int], _Packet] = {}
             self._status = MPI.Status()  # (made once: a small message feels each object)
             self.staged = self.xp is not numpy and not cuda_aware(self.comm)
             if self.staged:
@@ -306,6 +316,33 @@ class MPITransport(Transport):
         step from the general way (both send no data), a send's or a recv's packet alone has
         ONE_WAY_MARK_BYTES between its words and its data. Steps are never traced or watched
         (their caller takes those calls the general way)."""
+        phases = self._pair_phases(peer, sent_bytes, expected_bytes, kind)
+        if phases is None:
+            return None
+        publish, finish = phases
+
+        def step(mine: Any, into: Any, n_sent: int, n_expected: int) -> bool | tuple[int, ...]:
+            return finish(mine, into, n_sent, n_expected, publish(mine, n_sent, n_expected))
+        return step
+
+    def prepare_ring_message(self, dst: int, src: int, sent_bytes: int, expected_bytes: int,
+                             kind: tuple[int, int, int]) -> Callable[..., Any] | None:
+        """`prepare_pair_message` for a sendrecv with two peers (a ring shift): a send alone to
+        `dst` and a recv alone from `src`, both started before either is waited for
+        (`ring_step`)."""
+        sending, receiving = ring_kinds(kind)
+        out = self._pair_phases(dst, sent_bytes, None, sending)
+        come = self._pair_phases(src, None, expected_bytes, receiving)
+        return None if out is None or come is None else ring_step(dst, out, src, come)
+
+    def _pair_phases(self, peer: int, sent_bytes: int | None, expected_bytes: int | None,
+                     kind: tuple[int, int, int]) -> tuple[Callable[..., None],
+                                                          Callable[..., Any]] | None:
+        """The two halves of a readied step with `peer` (`prepare_pair_message`):
+        `publish(mine, n_sent, n_expected)`, which writes the packet and starts both requests,
+        and `finish(mine, into, n_sent, n_expected, _)`, which waits for them and takes the
+        peer's data: True, or the peer's words where they differ. None for messages larger
+        than a packet holds."""
         most = min(self.one_shot_bytes, PAIR_PACKET_BYTES)  # (what lands must fit: `_Landing`)
         if self.xp is not numpy or (sent_bytes, expected_bytes) == (None, None) \
                 or any(n is not None and not 0 < n <= most for n in (sent_bytes, expected_bytes)):
@@ -316,39 +353,41 @@ class MPITransport(Transport):
         mirrored = swapped_dtypes(dtypes)  # the peer's dtypes word
         landing = self._landed()
         landed = landing.buffers[peer]
-        requests = [landing.receives[peer if peer < self.rank else peer - 1]]
+        receive = landing.receives[peer if peer < self.rank else peer - 1]
         size = at + (sent_bytes or 0)
-        made = self._pair_packets.get((peer, size))
-        if made is None:
-            if len(self._pair_packets) >= KEPT_SIZES:
-                self._free_pair_packets()  # (`kept` would drop the sends unfreed)
-            packet = numpy.zeros(size, numpy.uint8)  # (the mark bytes stay 0)
-            made = self._pair_packets[(peer, size)] = (
-                packet, self.comm.Send_init(_bytes(packet), peer, TAG))
-        packet, send = made
-        requests.append(send)
-        receive, start_all, status = requests[0], MPI.Prequest.Startall, self._status
+        start_all, status = MPI.Prequest.Startall, MPI.Status()
         tally = self._tally([(sent_bytes or 0, peer, expected_bytes or 0, peer)])
-        # The packets' data as arrays of the messages' dtypes, made for the first call's (a
-        # copy between arrays of one dtype costs half one through a cast of bytes).
+        # The packet and its send (`_Packet`), kept per peer and size, and taken anew once
+        # freed (by a sweep of more sizes than are kept); both requests, started at once; the
+        # packets' data as arrays of the messages' dtypes, made for the first call's (a copy
+        # between arrays of one dtype costs half one through a cast of bytes).
+        held: list[Any] = [None, [receive, None]]
         typed: list[Any] = [None] * 4
 
-        def step(mine: Any, into: Any, n_sent: int, n_expected: int) -> bool | tuple[int, ...]:
+        def publish(mine: Any, n_sent: int, n_expected: int) -> None:
+            made = held[0]
+            if made is None or made.freed:
+                made = held[0] = self._pair_packet(peer, size)
+                held[1][1], typed[0] = made.send, None
             # (all six words: a step of another kind of as many bytes shares the packet)
-            PAIR_WORDS.pack_into(packet, 0, MESSAGES, n_sent, n_expected, c_sent, c_expected,
-                                 dtypes)
+            PAIR_WORDS.pack_into(made.packet, 0, MESSAGES, n_sent, n_expected, c_sent,
+                                 c_expected, dtypes)
             if mine is not None:
                 if typed[0] is not mine.dtype:
                     typed[0] = mine.dtype
-                    typed[2] = numpy.frombuffer(packet, mine.dtype, mine.size, at)
+                    typed[2] = numpy.frombuffer(made.packet, mine.dtype, mine.size, at)
                 typed[2][...] = mine
-            start_all(requests)
+            start_all(held[1])
+
+        def finish(mine: Any, into: Any, n_sent: int, n_expected: int,
+                   _: None) -> bool | tuple[int, ...]:
             polls = self.spin
             while not receive.Test(status):  # a short spin first, as the one-shot exchange's
                 polls -= 1
                 if polls < 0:
                     self.wait(lambda: receive.Test(status), peer, "a message")
                     break
+            send = held[0].send
             if not send.Test():
                 self._wait_all([send], peer, "its message to be taken")
             heard = PAIR_WORDS.unpack_from(landed, 0)
@@ -365,7 +404,7 @@ class MPITransport(Transport):
                 into[...] = typed[3]
             tally()
             return True
-        return step
+        return publish, finish
 
     def _all_inputs(self, buf: Any, call: tuple[int, ...] | None, reads: Reads | None = None,
                     into: Any | None = None) -> list[Any] | None:
@@ -525,8 +564,20 @@ class MPITransport(Transport):
         self._free_pair_packets()
         self._landing, self._sending, self._exchanges = None, {}, {}
 
+    def _pair_packet(self, peer: int, size: int) -> _Packet:
+        """The packet of `size` bytes to `peer` and its persistent send, kept for the steps of
+        that size (`_pair_phases`); the oldest kept go, all at once, past KEPT_SIZES."""
+        made = self._pair_packets.get((peer, size))
+        if made is None or made.freed:
+            if len(self._pair_packets) >= KEPT_SIZES:
+                self._free_pair_packets()  # (`kept` would drop the sends unfreed)
+            made = self._pair_packets[(peer, size)] = _Packet(self.comm, peer, size)
+        return made
+
     def _free_pair_packets(self) -> None:
-        """Free `pair_message`'s sends (one still going finishes on its own) and packets."""
-        for _, send in self._pair_packets.values():
-            send.Free()
+        """Free the pair steps' sends (one still going finishes on its own) and packets; a
+        step that held one takes a new one (`_Packet.freed`)."""
+        for made in self._pair_packets.values():
+            made.send.Free()
+            made.freed = True
         self._pair_packets = {}

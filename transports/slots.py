@@ -238,7 +238,7 @@ import numpy
 from mpi4py import MPI
 
 from .base import (CALL_WORDS, MESSAGES, Exchange, Moved, Reads, ReduceOp, Transport, call_line,
-                   kept, swapped_dtypes)
+                   kept, ring_kinds, ring_step, swapped_dtypes)
 from .bootstrap import duplicated, on_one_node, start
 from .errors import CollectiveError, InvalidArgumentError, MismatchError, PeerFailedError
 from .shared_memory import (SHM_DIR, address_of, free_bytes, read_peer_bytes, share_regions,
@@ -1080,32 +1080,17 @@ class SlotTransport(Transport):
     def prepare_ring_message(self, dst: int, src: int, sent_bytes: int, expected_bytes: int,
                              kind: tuple[int, int, int]) -> Callable[..., Any] | None:
         """`prepare_pair_message` for a sendrecv with two peers (a ring shift): a send alone to
-        `dst` and a recv alone from `src`, each published before either is waited for, so that
-        ranks that all send and receive at once never wait on each other. Returns
-        `step(mine, into, n_sent, n_expected)`: True once both have moved; else the words
-        heard from each peer, by peer, the half whose pair agreed moved (as `message` moves
-        it); False, having done nothing, as `prepare_pair_message`'s. None where either goes
-        neither through the pair areas nor in place."""
-        c_sent, c_expected, dtypes = kind
-        sending = self._pair_phases(dst, sent_bytes, None, (c_sent, 0, dtypes >> 32 << 32))
-        receiving = self._pair_phases(src, None, expected_bytes,
-                                      (0, c_expected, dtypes & 0xFFFFFFFF))
-        if sending is None or receiving is None:
+        `dst` and a recv alone from `src`, each published before either is waited for
+        (`ring_step`); where one pair disagrees, the half whose pair agreed moves, as `message`
+        moves it. None where either goes neither through the pair areas nor in place."""
+        sending, receiving = ring_kinds(kind)
+        out = self._pair_phases(dst, sent_bytes, None, sending)
+        come = self._pair_phases(src, None, expected_bytes, receiving)
+        if out is None or come is None:
             return None
         reads_from = self.pairs_read_from
-        (publish_out, finish_out), (publish_in, finish_in) = sending, receiving
-
-        def step(mine: Any, into: Any, n_sent: int,
-                 n_expected: int) -> bool | dict[int, tuple[int, ...]]:
-            if self._registered or self.pairs_read_from != reads_from:
-                return False
-            out, come = publish_out(mine, n_sent, 0), publish_in(None, 0, n_expected)
-            sent, received = finish_out(mine, None, n_sent, 0, out), \
-                finish_in(None, into, 0, n_expected, come)
-            if sent is True and received is True:
-                return True
-            return {dst: sent, src: received}
-        return step
+        return ring_step(dst, out, src, come,
+                         lambda: self._registered or self.pairs_read_from != reads_from)
 
     def _pair_phases(self, peer: int, sent_bytes: int | None, expected_bytes: int | None,
                      kind: tuple[int, int, int]) -> tuple[Callable[..., int],
