@@ -513,12 +513,7 @@ def _ring_message(comm: Any, mine: numpy.ndarray, dst: Any, into: numpy.ndarray,
     name.sent = n_sent = counted.sent[dst] + 1
     name.received = n_expected = counted.received[src] + 1
     transport.begin(name, None, "sendrecv")
-    try:
-        moved = step(_flat(mine), _flat(into), n_sent, n_expected)
-    except BaseException as error:  # (as `_messages`: the step raises no MessagesDiffer)
-        if not isinstance(error, (ValueError, TypeError)):
-            comm._break(error)
-        raise
+    moved = _messages(comm, lambda: step(_flat(mine), _flat(into), n_sent, n_expected))
     if moved is False:
         return False
     if moved is not True:  # the words of each peer, one pair's differing: raises
@@ -601,14 +596,9 @@ def _step_message(comm: Any, key: tuple, mine: numpy.ndarray | None, peer: Any,
     name.sent = n_sent = 0 if mine is None else counted.sent[peer] + 1
     name.received = n_expected = 0 if into is None else counted.received[peer] + 1
     transport.begin(name, None, key[0])
-    try:
-        moved = step(mine if mine is None or mine.ndim == 1 else mine.reshape(-1),  # (`_flat`)
-                     into if into is None or into.ndim == 1 else into.reshape(-1),
-                     n_sent, n_expected)
-    except BaseException as error:  # (as `_messages`: the step raises no MessagesDiffer)
-        if not isinstance(error, (ValueError, TypeError)):
-            comm._break(error)
-        raise
+    moved = _messages(comm, lambda: step(None if mine is None else _flat(mine),
+                                         None if into is None else _flat(into),
+                                         n_sent, n_expected))
     if moved is False:
         return False
     if moved is not True:  # the peer's words, which differ: raises
