@@ -166,22 +166,30 @@ class Progress:
         device and stream are set for them), nor before the thread is ready."""
         if not (self._inline and self._ready):
             return False
+        if not self._run_next(threading.current_thread()):
+            return False
+        if self._calls:  # (the thread may have woken for it while it ran here, and gone back)
+            self._tokens.put(True)
+        return True
+
+    def _run_next(self, helper: threading.Thread | None,
+                  failed: BaseException | None = None) -> bool:
+        """Run the next queued call here (on the thread; on a waiter's, `helper`), if none is
+        running: True if one ran. Where the thread could not start (`failed`), the call
+        raises that."""
         with self._lock:
             if self._running or not self._calls:
                 return False
             work, call = self._calls.popleft()
-            self._running, self._helper = True, threading.current_thread()
+            self._running, self._helper = True, helper
         try:
-            work._run(call)
+            work._run(call if failed is None else _raiser(failed))
         finally:
-            with self._lock:
+            with self._lock:  # before waking the waiter, whose next call may then run inline
                 self._running, self._helper = False, None
                 self.outstanding -= 1
-                more = bool(self._calls)
             work._finish()
-        if more:  # (the thread may have woken for it while it ran here, and gone back)
-            self._tokens.put(True)
-        return True
+        return True  # (the call's buffers are the caller's again: none is held here)
 
     def close(self) -> None:
         """Run what is queued, then stop the thread. Safe to call twice."""
@@ -203,18 +211,8 @@ class Progress:
                 failed = error
         while True:
             token = self._tokens.get()
-            while True:
-                with self._lock:
-                    if self._running or not self._calls:
-                        break
-                    work, call = self._calls.popleft()
-                    self._running = True
-                work._run(call if failed is None else _raiser(failed))
-                with self._lock:  # before waking the waiter, whose next call may then run inline
-                    self._running = False
-                    self.outstanding -= 1
-                work._finish()
-                del work, call  # the call's buffers are the caller's again: hold none
+            while self._run_next(None, failed):
+                pass
             if token is None:
                 with self._lock:
                     if not self._running and not self._calls:
