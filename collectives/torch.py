@@ -19,7 +19,10 @@ those methods. Here each one views its tensors as NumPy arrays that share their 
 (`Tensor.numpy()`: no copy for a contiguous tensor), runs the ringcc collective on the
 communicator's progress thread (`Communicator.submit`: calls run in the order they were
 made), and returns a `Work` whose future completes when the collective has. So
-`async_op=True` returns at once, and DDP's buckets are averaged while backward goes on. DDP
+`async_op=True` returns at once, and DDP's buckets are averaged while backward goes on. A
+blocking call (`async_op=False`, which torch says in the call's options) on a CPU
+communicator runs on the caller's thread instead, in its turn: handing it over and back cost
+more than the call itself on small tensors. DDP
 on the default group also needs `allgather` and `broadcast`: before training it checks,
 through them, that every rank holds the same parameters (C++
 `verify_params_across_processes`), and a group without them fails
@@ -143,6 +146,44 @@ class FutureWork(dist.Work):
         return self._future
 
 
+class DoneWork(dist.Work):
+    """A call that has already run, on the caller's thread (`ProcessGroup._work`), as
+    torch.distributed sees it: `wait` raises what the call raised, as `FutureWork`'s does. Its
+    future is made only if asked for (making and setting one cost the call a few
+    microseconds)."""
+
+    def __init__(self, result: Any, error: BaseException | None) -> None:
+        super().__init__()
+        self._result = result
+        self._error = error
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def result(self) -> list[torch.Tensor]:
+        self.wait()
+        return _tensors_in(self._result)
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return self._error is None
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def get_future(self) -> torch.futures.Future:
+        future: torch.futures.Future = torch.futures.Future()
+        if self._error is not None:
+            future.set_exception(self._error)
+        else:
+            future.set_result(self._result)
+        return future
+
+
 def _tensors_in(value: Any) -> list[torch.Tensor]:
     """The tensors in a call's result (a tensor, or lists of them), in order."""
     if isinstance(value, torch.Tensor):
@@ -236,11 +277,25 @@ class ProcessGroup(dist.ProcessGroup):
             comm = self._comms[device] = self._make(device)
         return comm
 
-    def _work(self, comm: Communicator, call: Callable[[], Any], result: Any) -> dist.Work:
+    def _work(self, comm: Communicator, call: Callable[[], Any], result: Any,
+              opts: Any = None) -> dist.Work:
+        """`call` as a torch `Work` that gives `result`: run on the progress thread, or here
+        where torch waits for it at once (`opts.asyncOp` false: `async_op=False`) on a CPU
+        communicator. It then runs in its turn as every blocking call does (behind the calls
+        still queued), with nothing to hand over: an 8 B `dist.all_reduce` took 116-121 us
+        through the thread, against 8 us for the call itself (docs/performance.md, "Blocking
+        torch calls run where they are made"). A GPU communicator's calls stay on its thread,
+        whose device and stream are set for them."""
         def done() -> Any:
             call()
             return result
-        return FutureWork(run(comm, done), comm)
+        if opts is None or getattr(opts, "asyncOp", True) or comm.device != "cpu":
+            return FutureWork(run(comm, done), comm)
+        try:
+            call()
+        except BaseException as error:  # noqa: BLE001 - raised by `wait`, as on the thread
+            return DoneWork(None, error)
+        return DoneWork(result, None)
 
     # ---- the collectives: each checks its arguments here, and moves data in the background
 
@@ -248,7 +303,8 @@ class ProcessGroup(dist.ProcessGroup):
         comm = self._comm_for(tensors[0], "all_reduce")
         op = reduce_op(opts.reduceOp, "all_reduce")
         arrays = [as_array(t, "all_reduce") for t in tensors]
-        return self._work(comm, lambda: [comm.all_reduce(a, a, op=op) for a in arrays], tensors)
+        return self._work(comm, lambda: [comm.all_reduce(a, a, op=op) for a in arrays], tensors,
+                          opts)
 
     def allgather(self, output_tensors: list[list[torch.Tensor]],
                   input_tensors: list[torch.Tensor], opts: Any) -> dist.Work:
@@ -260,7 +316,7 @@ class ProcessGroup(dist.ProcessGroup):
             for mine, outs in zip(inputs, outputs):
                 for out, block in zip(outs, comm.all_gather(mine)):
                     out[...] = block
-        return self._work(comm, gather, output_tensors)
+        return self._work(comm, gather, output_tensors, opts)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
                           opts: Any) -> dist.Work:
@@ -273,7 +329,7 @@ class ProcessGroup(dist.ProcessGroup):
                                        f"{out.size}" + ("" if out.flags.c_contiguous
                                                         else ", not contiguous"))
         blocks = out.reshape(comm.size, *mine.shape)  # a view: gathered in place
-        return self._work(comm, lambda: comm.all_gather(mine, blocks), output)
+        return self._work(comm, lambda: comm.all_gather(mine, blocks), output, opts)
 
     _allgather_base = all_gather_single  # the name before PyTorch 2.13
 
@@ -289,7 +345,7 @@ class ProcessGroup(dist.ProcessGroup):
         def scatter() -> None:
             for out, ins in zip(outputs, inputs):
                 comm.reduce_scatter(xp.stack(ins), out, op=op)
-        return self._work(comm, scatter, output_tensors)
+        return self._work(comm, scatter, output_tensors, opts)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
                               opts: Any) -> dist.Work:
@@ -302,7 +358,7 @@ class ProcessGroup(dist.ProcessGroup):
                                        f"{comm.size} x {out.size} elements, got "
                                        f"{whole.size}")
         blocks = whole.reshape(comm.size, *out.shape)
-        return self._work(comm, lambda: comm.reduce_scatter(blocks, out, op=op), output)
+        return self._work(comm, lambda: comm.reduce_scatter(blocks, out, op=op), output, opts)
 
     _reduce_scatter_base = reduce_scatter_single  # the name before PyTorch 2.13
 
@@ -310,7 +366,8 @@ class ProcessGroup(dist.ProcessGroup):
         comm = self._comm_for(tensors[0], "broadcast")
         arrays = [as_array(t, "broadcast") for t in tensors]
         root = opts.rootRank
-        return self._work(comm, lambda: [comm.broadcast(a, root=root) for a in arrays], tensors)
+        return self._work(comm, lambda: [comm.broadcast(a, root=root) for a in arrays], tensors,
+                          opts)
 
     def scatter(self, output_tensors: list[torch.Tensor],
                 input_tensors: list[list[torch.Tensor]], opts: Any) -> dist.Work:
@@ -320,10 +377,11 @@ class ProcessGroup(dist.ProcessGroup):
         xp = module_for_device(comm.device)
         blocks = xp.stack([as_array(t, "scatter") for t in input_tensors[0]]) \
             if comm.rank == root else None
-        return self._work(comm, lambda: comm.scatter(blocks, out, root=root), output_tensors)
+        return self._work(comm, lambda: comm.scatter(blocks, out, root=root), output_tensors,
+                          opts)
 
     def barrier(self, opts: Any = None) -> dist.Work:
-        return self._work(self.comm, self.comm.barrier, None)
+        return self._work(self.comm, self.comm.barrier, None, opts)
 
     def gather(self, output_tensors: list[list[torch.Tensor]],
                input_tensors: list[torch.Tensor], opts: Any) -> dist.Work:
@@ -337,7 +395,7 @@ class ProcessGroup(dist.ProcessGroup):
             blocks = comm.gather(mine, root=root)
             for out, block in zip(outs, blocks if blocks is not None else []):
                 out[...] = block
-        return self._work(comm, gather, output_tensors)
+        return self._work(comm, gather, output_tensors, opts)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:
         comm = self._comm_for(tensors[0], "reduce")
@@ -349,7 +407,7 @@ class ProcessGroup(dist.ProcessGroup):
                 result = comm.reduce(array, op=op, root=root)
                 if result is not None:  # the root's tensor takes the result, as in PyTorch
                     array[...] = result
-        return self._work(comm, reduce, tensors)
+        return self._work(comm, reduce, tensors, opts)
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor,
                       output_split_sizes: list[int], input_split_sizes: list[int],
@@ -382,7 +440,7 @@ class ProcessGroup(dist.ProcessGroup):
                 comm.all_to_all(mine.reshape(size, -1), out.reshape(size, -1))
             else:
                 comm.all_to_all(mine.reshape(-1), out.reshape(-1), counts=matrix)
-        return self._work(comm, exchange, output)
+        return self._work(comm, exchange, output, opts)
 
     all_to_all_single = alltoall_base
 
@@ -405,7 +463,7 @@ class ProcessGroup(dist.ProcessGroup):
                 received = [flat[lo:hi] for lo, hi in zip(bounds, bounds[1:])]
             for out, block in zip(outs, received):
                 out[...] = block.reshape(out.shape)
-        return self._work(comm, exchange, output_tensors)
+        return self._work(comm, exchange, output_tensors, opts)
 
     def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> dist.Work:  # noqa: N803
         self._untagged(tag, "send")

@@ -93,9 +93,11 @@ def test_a_job_ends_cleanly_with_its_progress_threads_idle(tmp_path):
         for n in range(4):  # four idle threads: each was a chance to abort
             comm = collectives.init()
             group = collectives.torch.process_group(comm)
-            dist.all_reduce(torch.ones(4), group=group)
-            dist.broadcast(torch.ones(4), group=group, group_src=0)
-            dist.reduce_scatter_tensor(torch.empty(2), torch.ones(2 * comm.size), group=group)
+            # (async calls, which run on the thread; blocking ones run on the caller's)
+            dist.all_reduce(torch.ones(4), group=group, async_op=True).wait()
+            dist.broadcast(torch.ones(4), group=group, group_src=0, async_op=True).wait()
+            dist.reduce_scatter_tensor(torch.empty(2), torch.ones(2 * comm.size), group=group,
+                                       async_op=True).wait()
             if n % 2:
                 comm.close()
         assert len(progress_threads()) == 2, progress_threads()  # the open ones' idle threads

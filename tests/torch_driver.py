@@ -275,6 +275,14 @@ def reversed_group_calls(gloo: dist.ProcessGroup) -> None:
         dist.scatter(box, [values(j, 3) for j in range(size)] if rank == 0 else None, src=0,
                      group=group)
         same(box, values(last - rank, 3), "scatter from global rank 0: block by group rank")
+        # torch's blocking calls ran on this thread (`ProcessGroup._work`): none of them has
+        # started the communicator's progress thread; an async call runs there.
+        assert comm._progress._thread is None, "a blocking call went to the progress thread"
+        total = torch.ones(2)
+        work = dist.all_reduce(total, group=group, async_op=True)
+        assert comm._progress._thread is not None, "an async call ran on the caller's thread"
+        work.wait()
+        same(total, torch.full((2,), float(size)), "all_reduce, async_op=True, over the group")
         if size > 1:  # rank 0 sends to the last rank, by their global ranks
             if rank == 0:
                 dist.send(values(7, 5), dst=last, group=group)
