@@ -18,7 +18,10 @@ direct reads), moves one-sided: the root's description also says where its block
 been taken, and the root may return. No message is announced, found and answered for each
 block: measured (docs/performance.md, "One-sided moves: a scatter's blocks, a broadcast on shared
 cores"), a 512 KiB scatter took 0.7x the time on 2 ranks and a 1 MiB one 0.9x, and a 1 MiB
-one half the time on 4 ranks sharing 2 cores. Elsewhere the blocks go by messages, and the
+one half the time on 4 ranks sharing 2 cores. On two ranks with a core each, a peer that
+knows where its block lands says so in its blank description, and the root writes the first
+quarter of that block there itself (`Transport.put`) while the peer reads the rest
+(`shared_part`). Elsewhere the blocks go by messages, and the
 root copies its own block while the peers take theirs (`Transport.isend`: a large block is
 left for its rank to read, so the two copies overlap).
 
@@ -37,12 +40,28 @@ from typing import Any, Callable
 
 import numpy
 
-from transports.base import Transport
+from transports.base import Transport, buffer_address
 
 LENGTH = struct.Struct("<Q")  # a description starts with the length of its JSON text
 # The last word of a description's room: where the root's blocks lie, for its peers to get
 # theirs one-sided (`Transport.locate`).
 WHERE = struct.Struct("<Q")
+# On two ranks with a core each, the root of a one-sided scatter writes the first
+# SHARED_EIGHTHS eighths of its peer's block into the peer's buffer (`Transport.put`), while
+# the peer reads the rest and the root copies its own block: the one system call's copy split
+# between the two cores. A peer offers its buffer for that in its blank description
+# (`offer_target`: its address, its bytes, and a word that checks both). Measured with a bare
+# loop of the moves (docs/performance.md, "A scatter's block written in part by its root"),
+# a quarter written: a block of 256 KiB took 49-54 us read whole, 42-44 shared; 512 KiB
+# 81-92 against 64-74; 1 MiB 150-151 against 117-119; but 2 MiB 218-225 against 242-264 (out
+# of the caches, the two copies slow each other), so only blocks from SHARED_LEAST to
+# SHARED_MOST bytes. A quarter, not three eighths: the root copies its own block as well.
+SHARED_EIGHTHS = 2
+SHARED_LEAST, SHARED_MOST = 256 << 10, 1 << 20
+# A peer's offer, the first words of its blank description: where its block lands, its
+# bytes, and a check.
+TARGET = struct.Struct("<QQQ")
+TARGET_CHECK = 0x72696E6763632D70  # (the check word is where ^ bytes ^ this)
 # A description fills at least this: the smallest exchange a transport makes in one step (a
 # page, slots.py's one-shot area at its smallest). What its JSON leaves of it carries a
 # small scatter's blocks.
@@ -66,6 +85,40 @@ def description_bytes(size: int) -> int:
 def where_at(size: int) -> int:
     """Where a description's WHERE word lies on `size` ranks: the last of its room."""
     return description_bytes(size) - WHERE.size
+
+
+def shared_part(transport: Transport, nbytes: int) -> int:
+    """Of a block of `nbytes` moved one-sided to a peer that offered its buffer, the bytes
+    the root writes (the first ones, in whole cache lines): on two ranks with a core each,
+    for blocks of SHARED_LEAST to SHARED_MOST bytes; else 0, and the peer reads it whole."""
+    if transport.size != 2 or transport.oversubscribed or not transport.one_sided \
+            or not SHARED_LEAST <= nbytes <= SHARED_MOST:
+        return 0
+    return nbytes * SHARED_EIGHTHS // 8 // 64 * 64
+
+
+def offer_target(transport: Transport, published: Any, target: Any | None) -> int:
+    """A peer's side, before the describing exchange: write in its `published` description
+    (writable) the address of the contiguous `target`, for the root to write its part of the
+    block there (`shared_part`), or that it offers nothing (`target` None, or a block the
+    root does not share); and publish that much of it (`Transport.unread`). Returns the
+    bytes offered (0: none). Every peer writes it, so that the root never reads an offer
+    left by an earlier call."""
+    offered = target.nbytes if target is not None and shared_part(transport, target.nbytes) \
+        else 0
+    where = buffer_address(target) if offered else 0
+    TARGET.pack_into(published, 0, where, offered, where ^ offered ^ TARGET_CHECK)
+    transport.unread(TARGET.size)
+    return offered
+
+
+def _offered(said: Any, nbytes: int) -> int | None:
+    """Where a peer whose blank description is `said` offered its buffer for a block of
+    `nbytes`, or None where it did not (or offered one of another size)."""
+    where, offered, check = TARGET.unpack_from(said)
+    if not where or offered != nbytes or check != where ^ offered ^ TARGET_CHECK:
+        return None
+    return where
 
 
 def inline_bytes(transport: Transport) -> int:
@@ -138,7 +191,9 @@ def scatter_from_root(transport: Transport, flat: Any | None, bounds: list[tuple
     """
     xp, rank, size = transport.xp, transport.rank, transport.size
     if rank != root:
-        transport.unread()  # (none takes ours)
+        # (An offer of nothing, `offer_target`: its receive buffer may be made only once the
+        # description has come.)
+        transport.unread(TARGET.size)
         said = _describing(transport, xp.asarray(blank(published_bytes(transport))))[root]
         return receive_described(transport, said, root, receive_into)
     room = description_bytes(size)
@@ -152,10 +207,10 @@ def scatter_from_root(transport: Transport, flat: Any | None, bounds: list[tuple
     elif one_sided:
         WHERE.pack_into(description, where_at(size), transport.locate(flat))
     transport.unread(room + flat.nbytes if inline else room)  # (the rest no peer takes)
-    _describing(transport, description)
+    said = _describing(transport, description)
     target = receive_into(shape if counts is None else (counts[root],), flat.dtype)
     if one_sided:
-        give_blocks(transport, flat, bounds, root, target)
+        give_blocks(transport, flat, bounds, root, target, said)
         return target
     if not inline:
         send_blocks(transport, flat, bounds, root, target)
@@ -184,37 +239,47 @@ def send_blocks(transport: Transport, flat: Any, bounds: list[tuple[int, int]], 
 
 
 def give_blocks(transport: Transport, flat: Any, bounds: list[tuple[int, int]], root: int,
-                own: Any) -> None:
+                own: Any, said: list[Any]) -> None:
     """The root's side of blocks moved one-sided (its description said where `flat` lies):
-    each block counted as sent, its own copied into `own` while each peer gets its own, then
-    the barrier, after which every peer has its block and `flat` may change."""
+    each block counted as sent, its part written into a peer that offered its buffer
+    (`shared_part`, the peers' descriptions `said`), its own copied into `own` while each
+    peer gets its own, then the barrier, after which every peer has its block and `flat` may
+    change."""
     size = transport.size
     for step in range(1, size):
         peer = (root + step) % size
         block = flat[slice(*bounds[peer])]
         if block.size:
             transport.at("scatter", step - 1)
+            part = shared_part(transport, block.nbytes)
+            where = _offered(said[peer], block.nbytes) if part else None
+            if where is not None:
+                transport.put(peer, where, block.view(numpy.uint8)[:part])
             transport.count(block, peer, None, None)
     own[...] = flat[slice(*bounds[root])].reshape(own.shape)
     transport.barrier()
 
 
 def take_block(transport: Transport, said: Any, root: int, offset: int,
-               target: Any | None) -> None:
-    """A rank's side of blocks moved one-sided: its block copied into `target` straight out of
-    the root's buffer, `offset` bytes on from where the root's description `said` says the
-    blocks lie; then the barrier. A `target` None (the block does not fit) takes nothing, and
-    still meets the barrier, so that the root returns."""
+               target: Any | None, offered: int = 0) -> None:
+    """A rank's side of blocks moved one-sided: its block copied into the flat `target`
+    straight out of the root's buffer, `offset` bytes on from where the root's description
+    `said` says the blocks lie, but for the part the root writes where this rank offered
+    `target` for a block of its size (`offered` bytes: `offer_target`); then the barrier,
+    after which that part has landed too. A `target` None (the block does not fit) takes
+    nothing, and still meets the barrier, so that the root returns."""
     transport.at("scatter", (transport.rank - root) % transport.size - 1)
     if target is not None and target.size:
         where, = WHERE.unpack_from(said, where_at(transport.size))
-        transport.get(root, where, offset, target)
+        part = shared_part(transport, target.nbytes) if offered == target.nbytes else 0
+        transport.get(root, where, offset + part, target.view(numpy.uint8)[part:])
         transport.count(None, None, target, root)
     transport.barrier()
 
 
 def receive_described(transport: Transport, said: Any, root: int,
-                      receive_into: Callable[[tuple[int, ...], Any], Any]) -> Any:
+                      receive_into: Callable[[tuple[int, ...], Any], Any],
+                      offered: int = 0) -> Any:
     """A rank's block, given the root's description `said`: taken out of it (a small
     scatter), got one-sided (`take_block`), or received from the root. Returns the flat array
     `receive_into` gave."""
@@ -228,7 +293,7 @@ def receive_described(transport: Transport, said: Any, root: int,
     except (ValueError, TypeError) as error:
         target, problem = xp.empty(math.prod(shape), dtype), error
     if total > inline_bytes(transport) and transport.one_sided:
-        take_block(transport, raw, root, offset, None if problem else target)
+        take_block(transport, raw, root, offset, None if problem else target, offered)
     elif total > inline_bytes(transport):  # a message follows: taken even when it does not fit
         transport.at("scatter", (transport.rank - root) % size - 1)
         transport.recv(target, root)

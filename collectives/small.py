@@ -68,8 +68,8 @@ from .broadcast import read_from_root, reads_from_root, where_root
 from .check import MessagesDiffer, judge_pair, mirrored, pair_kind, pair_said
 from .point_to_point import MessageName
 from .scan import finish, prefix
-from .scatter import (LENGTH, WHERE, blank, describe, description_bytes, give_blocks,
-                      inline_bytes, published_bytes, receive_described, send_blocks,
+from .scatter import (LENGTH, WHERE, describe, description_bytes, give_blocks, inline_bytes,
+                      offer_target, published_bytes, receive_described, send_blocks,
                       take_block, where_at)
 
 KINDS_KEPT = 64  # kinds of call remembered; more means a sweep of sizes, so start again
@@ -393,7 +393,7 @@ def small_scatter(comm: Any, sendbuf: Any | None, recvbuf: Any | None, root: int
         elif way is ONE_SIDED:
             WHERE.pack_into(publish, where_at(size), transport.locate(mine))
         transport.unread(room)  # (the rest of it no peer takes)
-        _exchange(comm, exchange, publish)
+        said = _exchange(comm, exchange, publish)
         result = numpy.empty(block, mine.dtype) if recvbuf is None else recvbuf
         if way is INLINE:
             result[...] = mine[root]
@@ -401,23 +401,24 @@ def small_scatter(comm: Any, sendbuf: Any | None, recvbuf: Any | None, root: int
         bounds = equal(math.prod(block), size)
         if way is ONE_SIDED:
             _messages(comm, lambda: give_blocks(transport, mine.reshape(-1), bounds, root,
-                                                result))
+                                                result, said))
         else:
             _messages(comm, lambda: send_blocks(transport, mine.reshape(-1), bounds, root,
                                                 result))
         return result
     flat = mine.reshape(-1)
-    transport.unread()  # (none takes ours)
+    offered = offer_target(transport, publish, flat if way is ONE_SIDED else None)
     said = _exchange(comm, exchange, publish)[root]
     if said[:len(expected)].tobytes() != expected:
         _messages(comm, lambda: receive_described(
             transport, said, root,
-            lambda shape, dtype: output(mine, shape, dtype, numpy).reshape(-1)))
+            lambda shape, dtype: output(mine, shape, dtype, numpy).reshape(-1), offered))
     elif way is INLINE:
         start = description_bytes(size) + rank * mine.nbytes
         flat.view(numpy.uint8)[...] = said[start:start + mine.nbytes]
     elif way is ONE_SIDED:
-        _messages(comm, lambda: take_block(transport, said, root, rank * mine.nbytes, flat))
+        _messages(comm, lambda: take_block(transport, said, root, rank * mine.nbytes, flat,
+                                           offered))
     else:
         transport.at("scatter", (rank - root) % size - 1)
         _messages(comm, lambda: transport.recv(flat, root))
@@ -700,10 +701,11 @@ def _learn_scatter(comm: Any, key: tuple, root: int, block: tuple[int, ...],
                    dtype: numpy.dtype) -> tuple[numpy.ndarray, bytes, Any, object]:
     """What the lane keeps of a kind of scatter (`key`): what this rank publishes (the root:
     its description, with room for the blocks, or where they lie, written each call; the
-    others: nothing), the description the root gives when the blocks are as this rank expects
-    them, the exchange, prepared as the general path makes it (uncounted there: each block
-    counts, in the exchange when inline, else as it moves), and the way the blocks go
-    (INLINE, ONE_SIDED or MESSAGES, as the general path chooses)."""
+    others: their offer of where their block may land, `offer_target`), the description the
+    root gives when the blocks are as this rank expects them, the exchange, prepared as the
+    general path makes it (uncounted there: each block counts, in the exchange when inline,
+    else as it moves), and the way the blocks go (INLINE, ONE_SIDED or MESSAGES, as the
+    general path chooses)."""
     transport = comm._transport
     if len(comm._small_calls) >= KINDS_KEPT:
         comm._small_calls.clear()
@@ -712,11 +714,9 @@ def _learn_scatter(comm: Any, key: tuple, root: int, block: tuple[int, ...],
         ONE_SIDED if transport.one_sided else MESSAGES
     described = describe(block, None, dtype.str, transport.size)
     length = LENGTH.size + LENGTH.unpack_from(described)[0]
+    publish = numpy.zeros(published_bytes(transport), numpy.uint8)
     if transport.rank == root:
-        publish = numpy.zeros(published_bytes(transport), numpy.uint8)
         publish[:described.size] = described
-    else:
-        publish = blank(published_bytes(transport))
     call = comm._descriptor("scatter", -1, None, root=root) if comm._checking else None
     exchange = transport.prepare_all_inputs(
         publish.shape, publish.dtype, "scatter", call,

@@ -153,9 +153,9 @@ def scatters_carry_their_blocks_in_their_descriptions(comm) -> None:
     """White box: a scatter whose blocks fit its description's room (on shm, up to
     scatter.INLINE_BYTES within the area) is its one exchange: no rank reads another's memory
     or sends a message. The root's area takes its description and its blocks and nothing past
-    them (`Transport.unread` of what follows), the other ranks' take nothing. By the lane and
-    by the general path, from every root."""
-    from collectives.scatter import description_bytes, inline_bytes, published_bytes
+    them (`Transport.unread` of what follows), the other ranks' only their offer of nothing
+    (`scatter.offer_target`). By the lane and by the general path, from every root."""
+    from collectives.scatter import TARGET, description_bytes, inline_bytes, published_bytes
     from transports.slots import SLOTS
 
     transport, rank, size = comm._transport, comm.rank, comm.size
@@ -182,7 +182,7 @@ def scatters_carry_their_blocks_in_their_descriptions(comm) -> None:
                     blocks if rank == root else None, numpy.empty(block), root=root)
                 numpy.testing.assert_array_equal(got, blocks[rank])
                 assert reads == [] and transport._sent == sent, (reads, root, general)
-                held = description_bytes(size) + blocks.nbytes if rank == root else 0
+                held = description_bytes(size) + blocks.nbytes if rank == root else TARGET.size
                 assert all((area[held:] == 0xA5).all() for area in areas), (root, general)
                 assert (rank != root) or any(
                     numpy.array_equal(area[description_bytes(size):held],
@@ -709,6 +709,7 @@ def direct_scenario() -> None:
     counted."""
     from mpi4py import MPI
 
+    from collectives.scatter import shared_part
     from transports.slots import (CROWDED_DIRECT_BYTES, DIRECT_BYTES, READ_PIECE_BYTES,
                                   REDUCED_DIRECT_BYTES, SHARED_BYTES)
 
@@ -805,9 +806,10 @@ def direct_scenario() -> None:
                                           else [("read", chunk - chunk // 2 // 64 * 64)]), moved
             gathered_while_written(comm, mine, moved)
         # A scatter's blocks of a segment and of more than a segment: each got one-sided (a
-        # direct read) where direct reads work; else through the slots, the receiver taking
-        # the first by its short way (`_take`), and read in place; by the lane (a recvbuf
-        # given) and by the general path.
+        # direct read) where direct reads work, but for the part the root writes into a
+        # recvbuf given on two ranks (`scatter.shared_part`); else through the slots, the
+        # receiver taking the first by its short way (`_take`), and read in place; by the lane
+        # (a recvbuf given) and by the general path.
         for block in (numpy.arange(transport.slot_bytes // 8, dtype=float) * size,
                       numpy.arange(transport.slot_bytes // 8 + 8, dtype=float) * size):
             for recvbuf in (numpy.empty_like(block), None):
@@ -815,9 +817,10 @@ def direct_scenario() -> None:
                 got = comm.scatter(numpy.stack([block + r for r in range(size)]) if rank == 0
                                    else None, recvbuf if rank else None, root=0)
                 numpy.testing.assert_array_equal(got, block + rank)
-                assert moved == ([("read", block.nbytes)] if rank and (
+                part = shared_part(transport, block.nbytes) if recvbuf is not None else 0
+                assert moved == ([("read", block.nbytes - part)] if rank and (
                     transport.one_sided or block.nbytes >= transport.isends_read_from)
-                    else []), moved
+                    else [("write", part)] if part else []), moved
         transport.pairs_read_from = pairs_read_from
         if size == 2 and pairs_read_from is not None:  # a pair's 1 MiB: read in place
             mine = numpy.arange(1 << 17, dtype=float) + rank
@@ -1395,6 +1398,64 @@ def one_sided_scatter_scenario() -> None:
     print("one-sided ok", flush=True)
 
 
+def shared_scatter_scenario() -> None:
+    """On two ranks with a core each, a one-sided scatter's root writes the first part of its
+    peer's block into the peer's buffer (`scatter.shared_part`) while the peer reads the rest:
+    the lane's peer offers its recvbuf, and the root writes there whichever path it takes,
+    into registered memory too (by the kernel: mappings of peers' regions are read-only). A
+    peer on the general path offers nothing, and reads its block whole, even where its last
+    call by the lane offered a buffer (that buffer is left as it was). Never on three
+    ranks."""
+    from collectives import scatter
+
+    os.environ["RINGCC_SINGLE_COPY"] = "1"
+    with collectives.init("shm", timeout=30) as comm:
+        rank, size, transport = comm.rank, comm.size, comm._transport
+        if not transport.one_sided:
+            print("shared scatter: no direct reads here", flush=True)
+            return
+        moved: list[tuple[str, int]] = []
+        read, write = transport.memory.read, transport.memory.write
+        transport.memory.read = lambda pid, address, into: (moved.append(("read", into.nbytes)),
+                                                            read(pid, address, into))
+        transport.memory.write = lambda pid, address, data: (
+            moved.append(("write", data.nbytes)), write(pid, address, data))
+        block = 64 << 10  # float64s: 512 KiB a block
+        part = scatter.shared_part(transport, block * 8)
+        assert bool(part) == (size == 2 and not transport.oversubscribed), part
+        kept = numpy.full(block, -1.0)  # the buffer the last lane call offered
+        landing = comm.empty(block)  # registered (collective: made by every rank)
+        for root in range(size):
+            blocks = numpy.arange(size * block, dtype=float).reshape(size, block) + root
+            for peer_way in ("lane", "general", "none", "registered"):
+                for root_way in ("lane", "general"):
+                    moved.clear()
+                    if rank == root:
+                        call = comm.scatter if root_way == "lane" else comm._scatter
+                        got = call(blocks, numpy.empty(block), root=root)
+                        offered = peer_way in ("lane", "registered")
+                        assert moved == ([("write", part)] if part and offered
+                                         else []), (peer_way, root_way, moved)
+                    else:
+                        if peer_way == "lane":
+                            kept = numpy.empty(block)
+                            got = comm.scatter(None, kept, root=root).copy()
+                            kept[...] = -1.0  # (nothing writes it from here on)
+                        elif peer_way == "general":
+                            got = comm._scatter(None, numpy.empty(block), root=root)
+                        elif peer_way == "none":
+                            got = comm.scatter(None, None, root=root)
+                        else:
+                            got = comm.scatter(None, landing, root=root)
+                        offered = peer_way in ("lane", "registered")
+                        assert moved == [("read", block * 8 - (part if offered else 0))], \
+                            (peer_way, root_way, moved)
+                        assert (kept == -1.0).all()  # (an earlier offer is not written into)
+                    numpy.testing.assert_array_equal(got, blocks[rank])
+        del landing
+    print("shared scatter ok", flush=True)
+
+
 def one_sided_broadcast_scenario() -> None:
     """A broadcast larger than an exchange holds, on more than two ranks that outnumber the
     cores (collectives/broadcast.py, `reads_from_root`), goes one-sided: each rank but the root
@@ -1590,6 +1651,11 @@ def test_a_scatters_blocks_move_one_sided_with_no_message(ranks):
     scenario_ends_well("one_sided_scatter", ranks, "one-sided ok")
 
 
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_a_scatters_root_writes_part_of_its_peers_block_on_two_ranks(ranks):
+    scenario_ends_well("shared_scatter", ranks, "shared scatter ok")
+
+
 SCENARIOS = {"collectives": collectives_scenario, "failure": failure_scenario,
              "slot_holder": slot_holder_scenario, "late_reader": late_reader_scenario,
              "two_shot": two_shot_scenario, "exchanged_passes": exchanged_passes_scenario,
@@ -1598,6 +1664,7 @@ SCENARIOS = {"collectives": collectives_scenario, "failure": failure_scenario,
              "shared_failure": shared_failure_scenario, "late_share": late_share_scenario,
              "shared_inputs": shared_inputs_scenario,
              "one_sided_scatter": one_sided_scatter_scenario,
+             "shared_scatter": shared_scatter_scenario,
              "one_sided_broadcast": one_sided_broadcast_scenario,
              "kept_own": kept_own_scenario}
 

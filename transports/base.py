@@ -682,11 +682,12 @@ class Transport(ABC):
 
     # ---- one-sided moves: where `one_sided`, a collective moves blocks itself --------------
     #
-    # As MPI's windows (MPI_Get) and a GPU's peer pointers (NCCL's, vLLM's custom all-reduce):
-    # once an exchange has told each rank where a peer's buffer lies (`locate`), the rank
-    # copies straight out of it (`get`), with no message; a barrier afterwards says every copy
-    # has ended, and the owner may change its buffer. Only where the transport reaches its
-    # peers' memory (shm, with direct reads): here, nowhere.
+    # As MPI's windows (MPI_Get, MPI_Put) and a GPU's peer pointers (NCCL's, vLLM's custom
+    # all-reduce): once an exchange has told each rank where a peer's buffer lies (`locate`),
+    # the rank copies straight out of it (`get`), or into it (`put`, given its address), with
+    # no message; a barrier afterwards says every copy has ended, and the owner may change its
+    # buffer. Only where the transport reaches its peers' memory (shm, with direct reads):
+    # here, nowhere.
 
     def locate(self, buf: Any) -> int:
         """A word that names where the contiguous `buf` lies, for a peer to `get` from once an
@@ -696,6 +697,12 @@ class Transport(ABC):
     def get(self, peer: int, where: int, offset: int, into: Any) -> None:
         """Copy into the contiguous `into` as many bytes, from `offset` on in `peer`'s buffer
         that its `locate` word `where` names; done when it returns. Uncounted (the caller
+        counts)."""
+        raise NotImplementedError(f"the {self.name} transport has no one-sided moves")
+
+    def put(self, peer: int, address: int, data: Any) -> None:
+        """Copy the contiguous `data` to `address` in `peer`'s memory (where a buffer of its
+        lies, as `buffer_address` gives it there); done when it returns. Uncounted (the caller
         counts)."""
         raise NotImplementedError(f"the {self.name} transport has no one-sided moves")
 

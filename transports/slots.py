@@ -1861,6 +1861,12 @@ class SlotTransport(Transport):
         else:
             self._move(self.memory.read, peer, "read rank {}'s block", where + offset, into)
 
+    def put(self, peer: int, address: int, data: Any) -> None:
+        """`Transport.put`: written by the kernel (`process_vm_writev`), registered memory too
+        (our mappings of peers' regions are read-only)."""
+        if data.nbytes:
+            self._move(self.memory.write, peer, "write into rank {}'s buffer", address, data)
+
     def _region_of(self, buf: Any) -> tuple[int, int] | None:
         """(region, offset) of `buf` if it lies in registered memory (regions from 1)."""
         word = self._address_word(buf)
