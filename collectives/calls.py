@@ -42,6 +42,7 @@ def collective(method: Callable[..., Any]) -> Callable[..., Any]:
     """
     name = method.__name__.lstrip("_")  # `_all_reduce`, all_reduce's general path
     general = name != method.__name__
+    async_call, queued_call = f"{name} (async call)", f"{name} (queued call)"  # (for `Work`)
 
     @functools.wraps(method)
     def call(self: Any, *args: Any, async_op: bool = False, **kwargs: Any) -> Any:
@@ -54,11 +55,10 @@ def collective(method: Callable[..., Any]) -> Callable[..., Any]:
                 (lambda: call(self, *args, **kwargs))
             if not self._progress.on_thread():
                 self._usable()  # refused here, as a blocking call is, with no thread started
-                work = self._progress.submit(f"{name} ({'async' if async_op else 'queued'} "
-                                             f"call)", run)
+                work = self._progress.submit(async_call if async_op else queued_call, run)
                 return work if async_op else work.wait()
             if async_op:  # from a submitted function: its turn is now
-                return run_now(f"{name} (async call)", run)
+                return run_now(async_call, run)
         self._in_flight = False  # until `_begin` starts the exchanges
         tensors: dict[int, Any] = {}  # id of the NumPy view -> the caller's torch tensor
         if _holds_tensor(args, kwargs):

@@ -133,15 +133,19 @@ class Progress:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._running = False  # a call is running, on the thread or on a waiter's
-        self._helper: threading.Thread | None = None  # the waiter running one, if any
+        # The thread's identity, and that of the waiter running a call, if any: every call
+        # asks which thread it is on (`on_thread`), and `threading.get_ident` answers in a
+        # third of `current_thread`'s time (66 ns against 185 here).
+        self._serving: int | None = None
+        self._helper: int | None = None
         # Calls submitted and not yet run: while there are any, a new call queues behind them.
         self.outstanding = 0
 
     def on_thread(self) -> bool:
         """Whether the caller is running a call in its turn: the progress thread itself, or a
         waiter running a queued call (a call from a submitted function runs at once)."""
-        current = threading.current_thread()
-        return current is self._thread or current is self._helper
+        current = threading.get_ident()
+        return current == self._serving or current == self._helper
 
     def submit(self, what: str, call: Callable[[], Any]) -> Work:
         """Queue `call` behind every call submitted before it; a `Work` for its outcome."""
@@ -155,6 +159,7 @@ class Progress:
                 self._thread = threading.Thread(target=self._serve, name=self._name,
                                                 daemon=True)
                 self._thread.start()
+                self._serving = self._thread.ident
             self._calls.append((work, call))
         self._tokens.put(True)
         return work
@@ -166,13 +171,13 @@ class Progress:
         device and stream are set for them), nor before the thread is ready."""
         if not (self._inline and self._ready):
             return False
-        if not self._run_next(threading.current_thread()):
+        if not self._run_next(threading.get_ident()):
             return False
         if self._calls:  # (the thread may have woken for it while it ran here, and gone back)
             self._tokens.put(True)
         return True
 
-    def _run_next(self, helper: threading.Thread | None,
+    def _run_next(self, helper: int | None,
                   failed: BaseException | None = None) -> bool:
         """Run the next queued call here (on the thread; on a waiter's, `helper`), if none is
         running: True if one ran. Where the thread could not start (`failed`), the call
@@ -199,7 +204,7 @@ class Progress:
         self._tokens.put(None)
         thread.join()  # still `_thread` meanwhile: the queued calls must know they are on it
         with self._lock:
-            self._thread = None
+            self._thread = self._serving = None
 
     def _serve(self) -> None:
         failed: BaseException | None = None
