@@ -28,7 +28,7 @@ from typing import Any
 import numpy
 from mpi4py import MPI
 
-from .base import ReduceOp
+from .base import ReduceOp, buffer_address
 from .errors import CollectiveError
 
 SHM_DIR = "/dev/shm"
@@ -77,19 +77,10 @@ def map_shared(fd: int, nbytes: int, writable: bool) -> numpy.ndarray:
     return numpy.frombuffer(buffer, numpy.uint8)
 
 
-def address_of(array: numpy.ndarray) -> int:
-    """The address of `array`'s first byte. (Through a ctypes view where the array is
-    writable and contiguous, 1 us; `array.ctypes.data` takes 3, and is what is left.)"""
-    try:
-        return ctypes.addressof(ctypes.c_char.from_buffer(array))
-    except (TypeError, ValueError):  # read-only, strided or empty
-        return array.ctypes.data
-
-
 def read_peer(pid: int, address: int, into: numpy.ndarray) -> None:
     """Copy `into.nbytes` bytes from `address` in process `pid` into `into` (contiguous):
     one copy, by the kernel. OSError if the kernel refuses."""
-    _cross(_process_vm_readv, "process_vm_readv", pid, address_of(into), into.nbytes, address)
+    _cross(_process_vm_readv, "process_vm_readv", pid, buffer_address(into), into.nbytes, address)
 
 
 def read_peer_bytes(pid: int, address: int, local: int, nbytes: int) -> None:
@@ -102,7 +93,7 @@ def read_peer_bytes(pid: int, address: int, local: int, nbytes: int) -> None:
 def write_peer(pid: int, address: int, data: numpy.ndarray) -> None:
     """Copy `data` (contiguous) to `address` in process `pid`: one copy, by the kernel.
     OSError if the kernel refuses."""
-    _cross(_process_vm_writev, "process_vm_writev", pid, address_of(data), data.nbytes, address)
+    _cross(_process_vm_writev, "process_vm_writev", pid, buffer_address(data), data.nbytes, address)
 
 
 def write_peer_bytes(pid: int, address: int, local: int, nbytes: int) -> None:

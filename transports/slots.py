@@ -237,12 +237,11 @@ from typing import Any, Callable, Iterator, Protocol
 import numpy
 from mpi4py import MPI
 
-from .base import (CALL_WORDS, MESSAGES, Exchange, Moved, Reads, ReduceOp, Transport, call_line,
-                   kept, ring_kinds, ring_step, swapped_dtypes)
+from .base import (CALL_WORDS, MESSAGES, Exchange, Moved, Reads, ReduceOp, Transport,
+                   buffer_address, call_line, kept, ring_kinds, ring_step, swapped_dtypes)
 from .bootstrap import duplicated, on_one_node, start
 from .errors import CollectiveError, InvalidArgumentError, MismatchError, PeerFailedError
-from .shared_memory import (SHM_DIR, address_of, free_bytes, read_peer_bytes, share_regions,
-                            write_peer_bytes)
+from .shared_memory import SHM_DIR, free_bytes, read_peer_bytes, share_regions, write_peer_bytes
 
 LINE = 64  # bytes: a cache line, one counter each
 PAIR_WORDS = struct.Struct("=6Q")  # a pair line's six integers, after its turn
@@ -784,7 +783,7 @@ class SlotTransport(Transport):
             while k_out < n_out and self._slot_free():
                 if direct:
                     read_by = self._announce(dst, out.size, *region) if region else \
-                        self._announce(dst, out.size, address=address_of(out), shared=shared)
+                        self._announce(dst, out.size, address=buffer_address(out), shared=shared)
                 else:
                     publish(out[k_out * slot:(k_out + 1) * slot], dst, out.size)
                 k_out += 1
@@ -867,12 +866,12 @@ class SlotTransport(Transport):
             self._check_first(dst, 0)
         self.wait(self._slot_free, self._slot_holder(), "a free slot")
         read_by = self._announce(dst, out.size, *region) if region else \
-            self._announce(dst, out.size, address=address_of(out))
+            self._announce(dst, out.size, address=buffer_address(out))
         # Where the left neighbour's result lands: posted before we wait on either
         # neighbour's data or post, so that no rank waits on a neighbour that waits on it.
         self._posts[src] += 1
         post = (self._push_line + src) * WORDS
-        self._own[post + 1], self._own[post + 2] = address_of(recvbuf), recvbuf.nbytes
+        self._own[post + 1], self._own[post + 2] = buffer_address(recvbuf), recvbuf.nbytes
         self._own[post] = self._posts[src]  # last: the left neighbour may write now
         try:
             self._reduce_and_push(src, dst, accbuf, op, inbuf, divide)
@@ -980,7 +979,7 @@ class SlotTransport(Transport):
                     or reads_from is not None and mine.nbytes >= reads_from \
                     and into.nbytes >= reads_from:
                 return self._through_pair_lines(mine, peer, into, said, expected,
-                                                word or address_of(mine))
+                                                word or buffer_address(mine))
         if not self._straight(mine, into):
             return False
         if not self._slot_free():
@@ -1022,7 +1021,7 @@ class SlotTransport(Transport):
         elif theirs & IN_PLACE:
             word = self._ctl[peer][line + WORDS - 1]
             if word & REGISTERED:
-                ctypes.memmove(address_of(into), self._mapped(peer, word), into.nbytes)
+                ctypes.memmove(buffer_address(into), self._mapped(peer, word), into.nbytes)
             else:
                 self._move(self.memory.read, peer, "read rank {}'s message",
                            word, into.view(numpy.uint8))
@@ -1144,7 +1143,7 @@ class SlotTransport(Transport):
                             numpy.frombuffer(out, mine.dtype, mine.size) for out in outs]
                     typed[2][turn & 1][...] = mine
             elif mine is not None:
-                ours[line + WORDS - 1] = address_of(mine)
+                ours[line + WORDS - 1] = buffer_address(mine)
             pairs[peer] = turn  # (`_say`)
             PAIR_WORDS.pack_into(our_bytes, (line + 1) * 8, marked, n_sent, n_expected, c_sent,
                                  c_expected, dtypes)
@@ -1221,7 +1220,7 @@ class SlotTransport(Transport):
             self._check_first(dst, 0)
         self.wait(self._slot_free, self._slot_holder(), "a free slot")
         read_by = self._announce(dst, buf.nbytes, *region) if region else \
-            self._announce(dst, buf.nbytes, address=address_of(buf))
+            self._announce(dst, buf.nbytes, address=buffer_address(buf))
         return lambda: self.wait(lambda: self._has_taken(*read_by), dst,
                                  "its message to be read")
 
@@ -1341,7 +1340,7 @@ class SlotTransport(Transport):
             part = self._own[line + WORDS - 1]
         else:
             part = _sender_part(into.size)
-            self._ask(src, address_of(into), part)
+            self._ask(src, buffer_address(into), part)
         written = (self._share_line + self.rank) * WORDS + 2  # in src's control lines
         try:
             if part < into.size:
@@ -1369,7 +1368,7 @@ class SlotTransport(Transport):
         buf = self._check(buf, src)
         self.checked()
         seq, into = self._taken[src], buf.view(numpy.uint8)
-        self._ask(src, address_of(into), into.size)
+        self._ask(src, buffer_address(into), into.size)
         try:
             meanwhile()
             self.recv(buf, src)
@@ -1679,8 +1678,8 @@ class SlotTransport(Transport):
             parity = turn & 1
             mine, their_lines = lines[parity]
             mine[:] = line
-            ours_at = address_of(buf)
-            into_at = None if into is None else address_of(into)
+            ours_at = buffer_address(buf)
+            into_at = None if into is None else buffer_address(into)
             word = self._address_word(buf) if registered else ours_at
             unread = self._unread_after == 0  # (some of it taken: all of it moves)
             self._unread_after = None
@@ -1747,7 +1746,7 @@ class SlotTransport(Transport):
                 scratch, scratched = kept_scratch or made_scratch()
                 inputs = scratched if by_address else list(areas[parity])
             where = 1 if into is None else 0
-            base = address_of(scratch) if into is None else into_at
+            base = buffer_address(scratch) if into is None else into_at
             for lo, length, at in ours:
                 # (Not where our area holds it as it is, nor where the caller takes its own
                 # bytes from its input itself: `kept`, `keeps_own`.)
@@ -1849,7 +1848,7 @@ class SlotTransport(Transport):
     def locate(self, buf: Any) -> int:
         """`Transport.locate`: `buf`'s address word (`_address_word`: in registered memory, its
         region and offset, which a peer copies from out of its own mapping)."""
-        return self._address_word(buf) if self._registered else address_of(buf)
+        return self._address_word(buf) if self._registered else buffer_address(buf)
 
     def get(self, peer: int, where: int, offset: int, into: Any) -> None:
         """`Transport.get`: copied out of our mapping of `peer`'s registered region, or read
@@ -1857,7 +1856,7 @@ class SlotTransport(Transport):
         if not into.nbytes:
             return
         if where & REGISTERED:
-            ctypes.memmove(address_of(into), self._mapped(peer, where) + offset, into.nbytes)
+            ctypes.memmove(buffer_address(into), self._mapped(peer, where) + offset, into.nbytes)
         else:
             self._move(self.memory.read, peer, "read rank {}'s block", where + offset, into)
 
@@ -1877,7 +1876,7 @@ class SlotTransport(Transport):
     def _address_word(self, buf: Any) -> int:
         """Where the contiguous `buf` lies, for a peer to read it in place: its address, or,
         in registered memory, its region and offset marked REGISTERED."""
-        start = address_of(buf)
+        start = buffer_address(buf)
         for region, (lo, hi) in enumerate(self._registered_at, start=1):
             if lo <= start and start + buf.nbytes <= hi:
                 return REGISTERED | region << OFFSET_BITS | start - lo
