@@ -279,20 +279,21 @@ class ProcessGroup(dist.ProcessGroup):
 
     def _work(self, comm: Communicator, call: Callable[[], Any], result: Any,
               opts: Any = None) -> dist.Work:
-        """`call` as a torch `Work` that gives `result`: run on the progress thread, or here
-        where torch waits for it at once (`opts.asyncOp` false: `async_op=False`) on a CPU
-        communicator. It then runs in its turn as every blocking call does (behind the calls
-        still queued), with nothing to hand over: an 8 B `dist.all_reduce` took 116-121 us
+        """`call` as a torch `Work` that gives `result`: run on the progress thread, or, where
+        torch waits for it at once (`opts.asyncOp` false: `async_op=False`), here in its turn
+        (`Progress.call_in_turn`: behind the calls still queued, and ahead of any made
+        meanwhile), with nothing to hand over: an 8 B `dist.all_reduce` took 116-121 us
         through the thread, against 8 us for the call itself (docs/performance.md, "Blocking
         torch calls run where they are made"). A GPU communicator's calls stay on its thread,
         whose device and stream are set for them."""
         def done() -> Any:
             call()
             return result
-        if opts is None or getattr(opts, "asyncOp", True) or comm.device != "cpu":
+        if opts is None or getattr(opts, "asyncOp", True):
             return FutureWork(run(comm, done), comm)
+        _served.add(comm)  # (its thread, should it start for a call queued meanwhile)
         try:
-            call()
+            comm._progress.call_in_turn("a blocking torch call", call)
         except BaseException as error:  # noqa: BLE001 - raised by `wait`, as on the thread
             return DoneWork(None, error)
         return DoneWork(result, None)

@@ -164,6 +164,32 @@ class Progress:
         self._tokens.put(True)
         return work
 
+    def call_in_turn(self, what: str, call: Callable[[], Any]) -> Any:
+        """Run `call` on this thread in its turn, as a blocking call, and return what it
+        returns: at once where no call is queued or running (counted as outstanding and
+        running meanwhile, so that calls made on other threads queue behind it), or where the
+        caller runs a call in its turn already (`on_thread`); else queued behind the others
+        and waited for (`submit`), as on a GPU communicator, whose calls run on the thread.
+        (Unlike `run_here`, it need not wait for the thread's preparation: it runs no call of
+        the thread's, and the thread may never have started.)"""
+        if self.on_thread():
+            return call()
+        with self._lock:
+            free = self._inline and not self._running and not self._calls
+            if free:
+                self._running, self._helper = True, threading.get_ident()
+                self.outstanding += 1
+        if not free:
+            return self.submit(what, call).wait()
+        try:
+            return call()
+        finally:
+            with self._lock:
+                self._running, self._helper = False, None
+                self.outstanding -= 1
+            if self._calls:  # queued meanwhile: the thread found this one running
+                self._tokens.put(True)
+
     def run_here(self) -> bool:
         """Run the next queued call on this thread, if none is running: True if one ran. A
         waiter calls it until its own call has run, so the calls still run one at a time and

@@ -182,6 +182,50 @@ def test_a_waiter_runs_the_calls_queued_up_to_its_own_in_order_where_none_is_run
     assert ran[2:] == [(2, "progress", True), (3, "progress", True)]
 
 
+def test_a_call_in_turn_runs_here_ahead_of_calls_made_meanwhile_or_behind_those_queued():
+    """`Progress.call_in_turn` (a blocking torch call's way): with nothing queued or running,
+    the call runs on the caller's thread, counted as outstanding, and a call submitted from
+    another thread meanwhile waits until it has returned; with a call queued, it queues behind
+    it; made from a call running in its turn, it runs at once."""
+    from collectives.work import Progress
+
+    progress, ran = Progress("progress"), []
+    late: list = []
+
+    def first() -> str:
+        ran.append(("first", threading.current_thread().name, progress.outstanding))
+        other = threading.Thread(target=lambda: late.append(progress.submit(
+            "late", lambda: ran.append(("late", threading.current_thread().name)))))
+        other.start()
+        other.join()  # submitted: it waits for this call, which the thread finds running
+        assert progress.call_in_turn("nested", lambda: "nested") == "nested"
+        ran.append(("first ends", progress.outstanding))
+        return "first"
+
+    assert progress.call_in_turn("first", first) == "first"
+    late[0].wait()  # (run by the thread, or by this waiter)
+    me = threading.current_thread().name
+    assert ran[:2] == [("first", me, 1), ("first ends", 2)] and ran[2][0] == "late", ran
+    hold, pause = threading.Event(), threading.Event()
+    progress.submit("held", lambda: (hold.wait(30), ran.append("held")))
+    for _ in range(30_000):  # until the thread runs it, holding the queue
+        if progress._running:
+            break
+        pause.wait(0.001)
+    behind = threading.Thread(
+        target=lambda: progress.call_in_turn("behind", lambda: ran.append("behind")))
+    behind.start()
+    for _ in range(30_000):  # until it is queued behind the held call
+        if progress._calls:
+            break
+        pause.wait(0.001)
+    assert progress._calls and ran[-1][0] == "late"  # (not run at once)
+    hold.set()
+    behind.join()
+    assert ran[-2:] == ["held", "behind"] and progress.outstanding == 0, ran
+    progress.close()
+
+
 def test_an_async_small_call_takes_the_lane_in_its_turn(run):
     """An async call runs as its blocking form would, in its turn: a small one through its
     public method and its lane (small.py), which then knows its kind, where there is one."""
