@@ -115,7 +115,9 @@ class Progress:
 
     The calls wait in a queue; the thread is woken once per call (a token), and takes the
     next call whenever none is running. A waiter may take it instead (`run_here`), where
-    `inline`: the thread then finds it gone, or running, and waits for the next token.
+    `inline`: the thread then finds it gone, or running, and waits for the next token. A
+    blocking call may run on its caller's thread in its turn (`call_in_turn`), as the torch
+    backend's do.
     """
 
     def __init__(self, name: str, prepare: Callable[[], None] | None = None,
