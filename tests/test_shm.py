@@ -1160,6 +1160,30 @@ def test_a_middle_sized_message_takes_the_road_measured_cheaper():
     assert slots.times["in"] == 1
 
 
+def test_a_kind_of_sendrecv_prefers_reads_only_while_they_cost_under_the_margin():
+    """`PairRoad`'s costs: the least of WARM calls on each road, then a running mean in which
+    one time counts for at most OUTLIER times the mean; reads are preferred while they cost
+    under MARGIN times the copies, and said so in the words (PREFERS_READ)."""
+    from transports.base import MESSAGES
+    from transports.slots import IN_PLACE, INLINE, PREFERS_READ, PairRoad
+
+    road = PairRoad()
+    for time_taken in (9.0, 2.0, 3.0, 2.5):  # the first cold
+        road.took(INLINE, time_taken)
+    assert road.cost[INLINE] == 2.0 and not road.prefers_read and road.say() == 0
+    for time_taken in (1.6, 1.55, 1.7, 1.8):
+        road.took(IN_PLACE, time_taken)
+    assert road.cost[IN_PLACE] == 1.55 and not road.prefers_read  # not under 0.75 * 2.0
+    road.took(IN_PLACE, 0.55)  # the mean moves a quarter of the way: 1.55 -> 1.3
+    assert road.cost[IN_PLACE] == pytest.approx(1.3) and road.prefers_read
+    assert road.say() == PREFERS_READ
+    road.took(INLINE, 1000.0)  # one copy the scheduler interrupted: counted as 4x the mean
+    assert road.cost[INLINE] == pytest.approx(2.0 + 0.25 * (8.0 - 2.0))
+    road.heard(0)  # the next call not timed reads in place, as this rank said
+    road._calls = 2 * PairRoad.WARM  # (past the warm-up)
+    assert road.next() == (IN_PLACE, MESSAGES | IN_PLACE, False)
+
+
 def test_place_lands_rank_rs_bytes_in_block_r_or_one_read_in_a_block_of_its_own():
     """`place`: the bytes each read names, rank r's in block r of `into`; where one read only
     is not empty (a broadcast's) and `into` holds that one block, there; where `into` holds
@@ -1527,6 +1551,50 @@ def one_sided_broadcast_scenario() -> None:
     print("one-sided broadcast ok", flush=True)
 
 
+def pair_roads_scenario() -> None:
+    """On two ranks with a core each, a kind of sendrecv below a pair area (here 16 KiB) takes
+    the road agreed by `PairRoad`: the pair areas, then reads in place, for WARM calls each;
+    then reads in place on both ranks while either says its reads cost less (only rank 0 says
+    so here, its costs set by hand), through the areas again once neither does; the other road
+    in one timed call of EXPLORE. Every message lands whole, whichever road."""
+    from transports.slots import IN_PLACE, INLINE, PairRoad
+
+    os.environ["RINGCC_SINGLE_COPY"] = "1"
+    with collectives.init("shm", timeout=30) as comm:
+        rank, transport, peer = comm.rank, comm._transport, 1 - comm.rank
+        if transport.roads is None:
+            print("pair roads: no direct reads here", flush=True)
+            return
+        reads: list[int] = []
+        read = transport.memory.read
+        transport.memory.read = lambda pid, address, into: (reads.append(into.nbytes),
+                                                            read(pid, address, into))
+        count, prefers = 2048, [rank == 0]  # float64s: 16 KiB each way
+        roads: list[str] = []
+        for call in range(1, 2 * PairRoad.SAMPLE * PairRoad.EXPLORE + 1):
+            if call == 1 + PairRoad.SAMPLE * PairRoad.EXPLORE:
+                prefers[0] = False
+            before = len(reads)
+            got = comm.sendrecv(cases.values(rank + call, count, "float64"), peer)
+            numpy.testing.assert_array_equal(got, cases.values(peer + call, count, "float64"))
+            if call == 1:  # the kind's road: its costs as this test says, whatever the times
+                road = transport.pair_roads[(peer, count * 8, count * 8)]
+                road.took = lambda *times: setattr(road, "prefers_read", prefers[0])
+            mark = cases._last_mark(transport, peer) & (INLINE | IN_PLACE)
+            roads.append("areas" if mark == INLINE else "read")
+            assert (len(reads) > before) == (mark == IN_PLACE), call  # we read the peer's
+        warm, sample, explore = PairRoad.WARM, PairRoad.SAMPLE, PairRoad.EXPLORE
+        expected = ["areas"] * warm + ["read"] * warm
+        expected += ["read"] * (sample * explore - 1 - len(expected)) + ["areas"]  # explores
+        # Rank 0's costs change after call sample * explore: its next timed call still says
+        # what it said before (a rank says what its costs said before the call's own time).
+        expected += ["read"] * 2 * sample
+        expected += ["areas"] * (sample * explore - 2 * sample - 1) + ["read"]  # explores
+        assert roads == expected, [(i + 1, r) for i, (r, e) in enumerate(zip(roads, expected))
+                                   if r != e][:5]
+        print("pair roads ok", flush=True)
+
+
 def kept_own_scenario() -> None:
     """A reduce-scatter whose inputs are read in place reduces its own block where it lies in
     its input (`Transport.keeps_own`): the exchange copies nothing of it, by the lane and by
@@ -1656,6 +1724,10 @@ def test_a_scatters_root_writes_part_of_its_peers_block_on_two_ranks(ranks):
     scenario_ends_well("shared_scatter", ranks, "shared scatter ok")
 
 
+def test_a_pair_of_ranks_agrees_on_the_road_of_a_kind_of_sendrecv():
+    scenario_ends_well("pair_roads", 2, "pair roads ok")
+
+
 SCENARIOS = {"collectives": collectives_scenario, "failure": failure_scenario,
              "slot_holder": slot_holder_scenario, "late_reader": late_reader_scenario,
              "two_shot": two_shot_scenario, "exchanged_passes": exchanged_passes_scenario,
@@ -1666,7 +1738,7 @@ SCENARIOS = {"collectives": collectives_scenario, "failure": failure_scenario,
              "one_sided_scatter": one_sided_scatter_scenario,
              "shared_scatter": shared_scatter_scenario,
              "one_sided_broadcast": one_sided_broadcast_scenario,
-             "kept_own": kept_own_scenario}
+             "kept_own": kept_own_scenario, "pair_roads": pair_roads_scenario}
 
 if __name__ == "__main__":
     record_regions()

@@ -196,7 +196,12 @@ rank's stay within 2 MiB, but 16 KiB at least), touched only by the messages tha
 Measured on 2 ranks (docs/performance.md, "Middle sizes"), a 32 KiB sendrecv took 35-36 us read in
 place and 22 through an area, 128 KiB 52 against 32, 512 KiB 120-127 against 74-85; 1 MiB 220-224
 against 389-391, out of the caches. (Measured before, when a direct read cost less here, 64
-KiB went alike either way, and the areas held 16 KiB.)
+KiB went alike either way, and the areas held 16 KiB.) Those copies win while the two cores
+share their caches, and lose by as much in a slow spell, where reads in place win (as "Pair
+messages read in place" says). So where direct reads work and every rank has a core, a kind
+of sendrecv of PAIR_ROADS_FROM or more each way goes by the road that costs less lately, read
+in place as the next paragraph says, or through the areas: each rank times its moves in one
+call of a few, and the pair agrees on the road in its words (`PairRoad`).
 
 Pair messages read in place. A checked sendrecv with one peer of more than a pair area each
 way (`prepare_pair_message`, `pair_message`), where direct reads work and every rank has a
@@ -290,12 +295,17 @@ KEPT_EXCHANGES = 64  # one-shot exchanges kept, one per (shape, dtype) seen (and
 PAIR_AREA_MOST = 512 << 10
 PAIR_AREAS_BYTES = 2 << 20
 PAIR_AREA_LEAST = 16 << 10
+# A sendrecv's messages from here up to a pair area each way go by the road measured cheaper
+# lately, through the pair areas or read in place (`Roads`; see "Pair areas").
+PAIR_ROADS_FROM = 8 << 10
 # A pair's message from registered memory of more than this is read in place, out of the
 # peer's mapping (see "Registered memory").
 REGISTERED_PAIR_BYTES = 16 << 10
 INLINE = 1 << 61  # marks a pair line's first word: the message lies in the sender's pair area
 IN_PLACE = 1 << 60  # marks it: the message lies at the address in the line's last word
-MARKS = INLINE | IN_PLACE
+# ... and, with either, may say that its sender's reads in place cost less lately (`PairRoad`)
+PREFERS_READ = 1 << 59
+MARKS = INLINE | IN_PLACE | PREFERS_READ
 # An address word (a one-shot input's, or a pair message's, read in place) marked so says that
 # the data lies in registered memory: region << OFFSET_BITS | offset, which a peer copies out
 # of its own mapping of the owner's region (see "Registered memory").
@@ -504,6 +514,86 @@ class Roads:
                 self._spent[kind], self._moved[kind] = 0.0, 0
 
 
+class PairRoad:
+    """Which road one kind of sendrecv with a peer takes, of PAIR_ROADS_FROM up to a pair area
+    each way: through the pair areas, or read in place (see "Pair areas").
+
+    Neither always wins on one machine, as for `Roads`: the areas' two copies run out of the
+    caches and win while the two cores share theirs; where they do not, one direct read wins
+    (docs/performance.md, "Pair messages by the road measured cheaper"). So each rank times its
+    own moves of the kind's messages in one call of SAMPLE: through the areas, its copy into its
+    area and its copy out of the peer's; in place, its read of the peer's buffer (a kind has one
+    size: times, not times a byte). Each cost starts at the least of WARM calls, then is a
+    running mean, a time counting for at most OUTLIER times the mean.
+
+    Both ranks of the pair must take the same road: where they differ, each message still
+    moves, but by the slower Python of `_take_pair`, and measured so, a 128 KiB sendrecv took
+    79 us where both ranks' roads took 52. So the road is agreed: each rank says in its words
+    (PREFERS_READ) whether its reads cost under MARGIN times its copies, and the next call of
+    the kind reads in place where either rank said so (the slower rank sets the pace of
+    both). The calls of a kind are numbered alike on both ranks, and the number alone picks
+    the calls that are timed, the first WARM calls through the areas and the next WARM read in
+    place, and, once in EXPLORE timed calls, the other road, so that its cost stays known. A
+    call that is not timed costs a count (`Roads`' choice of every call cost a 32 KiB sendrecv
+    a tenth of its time).
+    """
+
+    SAMPLE = 16
+    WARM = 4
+    EXPLORE = 16
+    MARGIN = 0.75
+    WEIGHT = 0.25
+    OUTLIER = 4
+
+    def __init__(self) -> None:
+        self.cost: dict[int, float | None] = {INLINE: None, IN_PLACE: None}
+        self.times = {INLINE: 0, IN_PLACE: 0}  # timed calls on each road
+        self.call = (INLINE, MESSAGES | INLINE, False)  # the call under way, as `next` says
+        self.copied = 0.0  # the timed call's copy into the area, seconds
+        self.prefers_read = False  # what this rank's costs say, lately
+        self._said = False  # what this rank said in the call under way
+        self._agreed = self.call  # the next call's, unless timed (`heard`)
+        self._calls = 0
+
+    def next(self) -> tuple[int, int, bool]:
+        """The next call (`call`): its road (INLINE or IN_PLACE), the first word that marks
+        it, and whether it is timed."""
+        self._calls = calls = self._calls + 1
+        if calls % self.SAMPLE and calls > 2 * self.WARM:
+            self.call = call = self._agreed
+            return call
+        if calls <= 2 * self.WARM:
+            road = INLINE if calls <= self.WARM else IN_PLACE
+        else:
+            road = self._agreed[0]
+            if calls // self.SAMPLE % self.EXPLORE == 0:
+                road = INLINE if road == IN_PLACE else IN_PLACE
+        self.call = call = (road, MESSAGES | road, True)
+        return call
+
+    def say(self) -> int:
+        """The mark of this rank's words in the call under way: PREFERS_READ, or 0."""
+        self._said = said = self.prefers_read
+        return PREFERS_READ if said else 0
+
+    def heard(self, word: int) -> None:
+        """The peer's first word in the call under way: the next call's road is agreed."""
+        road = IN_PLACE if self._said or word & PREFERS_READ else INLINE
+        self._agreed = (road, MESSAGES | road, False)
+
+    def took(self, road: int, seconds: float) -> None:
+        """Fold a timed call's `seconds` on `road` into its cost."""
+        old = self.cost[road]
+        self.times[road] += 1
+        if old is None or self.times[road] <= self.WARM:
+            self.cost[road] = seconds if old is None else min(old, seconds)
+        else:
+            self.cost[road] = old + self.WEIGHT * (min(seconds, self.OUTLIER * old) - old)
+        copies, read = self.cost[INLINE], self.cost[IN_PLACE]
+        self.prefers_read = copies is not None and read is not None \
+            and read < self.MARGIN * copies
+
+
 class Sharing:
     """Whether an owner that may share its one-shot input shares it now, or copies it into its
     area as a smaller one goes (see "Shared inputs"); and whether a one-way message below
@@ -663,6 +753,10 @@ class SlotTransport(Transport):
         # A checked pair's messages from here up each way are read in place (see "Pair
         # messages read in place"); None: none are.
         self.pairs_read_from = self._pair_area_bytes + 1 if self.roads is not None else None
+        # Below that, each kind of sendrecv with a peer of PAIR_ROADS_FROM or more each way
+        # takes the road its own `PairRoad` has measured cheaper, by (peer, bytes sent,
+        # received).
+        self.pair_roads: dict[tuple[int, int, int], PairRoad] = {}
         # One-shot inputs of this size or more in registered memory are left where they lie,
         # where the call names its reads (see "Registered memory"); None: none are. Not where
         # ranks outnumber cores: an owner waits for its readers, which wait for its core
@@ -1112,8 +1206,15 @@ class SlotTransport(Transport):
             how = INLINE
         else:
             return None
+        # Which road each call's message takes, where both can (see "Pair areas"): a road
+        # measured per kind of message, None where the road is fixed.
+        roads = None
+        if how == INLINE and reads_from is not None and sent_bytes is not None \
+                and expected_bytes is not None \
+                and min(sent_bytes, expected_bytes) >= PAIR_ROADS_FROM:
+            roads = self.pair_roads.setdefault((peer, sent_bytes, expected_bytes), PairRoad())
+        fixed = (how, MESSAGES | how, False)  # a call's road, its mark, whether it is timed
         c_sent, c_expected, dtypes = kind
-        marked = MESSAGES | how
         mirrored = swapped_dtypes(dtypes)  # the peer's dtypes word
         ours, theirs = self._own, self._ctl[peer]
         our_bytes, their_bytes = self._ctl_bytes[self.rank], self._ctl_bytes[peer]
@@ -1136,16 +1237,23 @@ class SlotTransport(Transport):
         def publish(mine: Any, n_sent: int, n_expected: int) -> int:
             turn = pairs[peer] + 1
             line = says[turn & 1]
-            if outs is not None:
+            road, first, timed = fixed if roads is None else roads.next()
+            if timed:
+                first |= roads.say()
+            if road == INLINE:
                 if mine is not None:
                     if typed[0] is not mine.dtype:
                         typed[0], typed[2] = mine.dtype, [
                             numpy.frombuffer(out, mine.dtype, mine.size) for out in outs]
+                    if timed:
+                        started = time.perf_counter()
                     typed[2][turn & 1][...] = mine
+                    if timed:
+                        roads.copied = time.perf_counter() - started
             elif mine is not None:
                 ours[line + WORDS - 1] = buffer_address(mine)
             pairs[peer] = turn  # (`_say`)
-            PAIR_WORDS.pack_into(our_bytes, (line + 1) * 8, marked, n_sent, n_expected, c_sent,
+            PAIR_WORDS.pack_into(our_bytes, (line + 1) * 8, first, n_sent, n_expected, c_sent,
                                  c_expected, dtypes)
             ours[line] = turn  # last: the words are now visible
             return turn
@@ -1161,21 +1269,33 @@ class SlotTransport(Transport):
                     break
                 polls -= 1
             heard = PAIR_WORDS.unpack_from(their_bytes, (line + 1) * 8)
-            if heard != (marked, n_expected, n_sent, c_expected, c_sent, mirrored):
+            road, first, timed = fixed if roads is None else roads.call
+            if timed:  # (the peer's preference, then its words as they are without it)
+                roads.heard(heard[0])
+                heard = (heard[0] & ~PREFERS_READ, *heard[1:])
+            if heard != (first, n_expected, n_sent, c_expected, c_sent, mirrored):
                 unmarked = (heard[0] & ~MARKS, *heard[1:])
                 if unmarked != (MESSAGES, n_expected, n_sent, c_expected, c_sent, mirrored):
                     return unmarked  # (nothing to withdraw, as `_through_pair_lines`)
-                return self._take_pair(mine, peer, into, turn, how)  # its data lies elsewhere
-            if outs is not None:
+                return self._take_pair(mine, peer, into, turn, road)  # its data lies elsewhere
+            if road == INLINE:
                 if into is not None:
                     if typed[1] is not into.dtype:
                         typed[1], typed[3] = into.dtype, [
                             numpy.frombuffer(area, into.dtype, into.size) for area in ins]
+                    if timed:
+                        started = time.perf_counter()
                     into[...] = typed[3][turn & 1]
+                    if timed:
+                        roads.took(INLINE, roads.copied + time.perf_counter() - started)
             else:
                 if into is not None:
+                    if timed:
+                        started = time.perf_counter()
                     self._move(self.memory.read, peer, what, theirs[line + WORDS - 1],
                                into.view(numpy.uint8))
+                    if timed:
+                        roads.took(IN_PLACE, time.perf_counter() - started)
                     ours[read_at] = turn  # we have read it
                 polls = self.spin
                 while mine is not None and theirs[read_by] < turn:
