@@ -1555,8 +1555,8 @@ def pair_roads_scenario() -> None:
     """On two ranks with a core each, a kind of sendrecv below a pair area (here 16 KiB) takes
     the road agreed by `PairRoad`: the pair areas, then reads in place, for WARM calls each;
     then reads in place on both ranks while either says its reads cost less (only rank 0 says
-    so here, its costs set by hand), through the areas again once neither does; the other road
-    in one timed call of EXPLORE. Every message lands whole, whichever road."""
+    so here, its costs set by hand), through the areas again once neither does; RUN calls on the
+    other road once in EXPLORE timed calls. Every message lands whole, whichever road."""
     from transports.slots import IN_PLACE, INLINE, PairRoad
 
     os.environ["RINGCC_SINGLE_COPY"] = "1"
@@ -1584,12 +1584,13 @@ def pair_roads_scenario() -> None:
             roads.append("areas" if mark == INLINE else "read")
             assert (len(reads) > before) == (mark == IN_PLACE), call  # we read the peer's
         warm, sample, explore = PairRoad.WARM, PairRoad.SAMPLE, PairRoad.EXPLORE
+        run = PairRoad.RUN  # (calls that explore: the last one timed)
         expected = ["areas"] * warm + ["read"] * warm
-        expected += ["read"] * (sample * explore - 1 - len(expected)) + ["areas"]  # explores
+        expected += ["read"] * (sample * explore - run - len(expected)) + ["areas"] * run
         # Rank 0's costs change after call sample * explore: its next timed call still says
         # what it said before (a rank says what its costs said before the call's own time).
         expected += ["read"] * 2 * sample
-        expected += ["areas"] * (sample * explore - 2 * sample - 1) + ["read"]  # explores
+        expected += ["areas"] * (sample * explore - 2 * sample - run) + ["read"] * run
         assert roads == expected, [(i + 1, r) for i, (r, e) in enumerate(zip(roads, expected))
                                    if r != e][:5]
         print("pair roads ok", flush=True)

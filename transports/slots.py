@@ -533,14 +533,17 @@ class PairRoad:
     the kind reads in place where either rank said so (the slower rank sets the pace of
     both). The calls of a kind are numbered alike on both ranks, and the number alone picks
     the calls that are timed, the first WARM calls through the areas and the next WARM read in
-    place, and, once in EXPLORE timed calls, the other road, so that its cost stays known. A
-    call that is not timed costs a count (`Roads`' choice of every call cost a 32 KiB sendrecv
-    a tenth of its time).
+    place, and, once in EXPLORE timed calls, RUN calls on the other road, the last one timed,
+    so that its cost stays known (the first read after a run through the areas cost a 128 KiB
+    sendrecv's reads 82-87 us where a run of reads took 32-33 a call). A call that is not
+    timed costs a count (`Roads`' choice of every call cost a 32 KiB sendrecv a tenth of its
+    time).
     """
 
     SAMPLE = 16
     WARM = 4
     EXPLORE = 16
+    RUN = 2
     MARGIN = 0.75
     WEIGHT = 0.25
     OUTLIER = 4
@@ -559,16 +562,18 @@ class PairRoad:
         """The next call (`call`): its road (INLINE or IN_PLACE), the first word that marks
         it, and whether it is timed."""
         self._calls = calls = self._calls + 1
-        if calls % self.SAMPLE and calls > 2 * self.WARM:
+        left = -calls % (self.SAMPLE * self.EXPLORE)  # calls until the next one explored
+        if calls % self.SAMPLE and left >= self.RUN and calls > 2 * self.WARM:
             self.call = call = self._agreed
             return call
         if calls <= 2 * self.WARM:
             road = INLINE if calls <= self.WARM else IN_PLACE
         else:
             road = self._agreed[0]
-            if calls // self.SAMPLE % self.EXPLORE == 0:
+            if left < self.RUN:
                 road = INLINE if road == IN_PLACE else IN_PLACE
-        self.call = call = (road, MESSAGES | road, True)
+        self.call = call = (road, MESSAGES | road, calls % self.SAMPLE == 0 or left == 0
+                            or calls <= 2 * self.WARM)
         return call
 
     def say(self) -> int:
