@@ -1552,7 +1552,7 @@ def one_sided_broadcast_scenario() -> None:
 
 
 def pair_roads_scenario() -> None:
-    """On two ranks with a core each, a kind of sendrecv below a pair area (here 16 KiB) takes
+    """On two ranks with a core each, a kind of sendrecv below a pair area (here 64 KiB) takes
     the road agreed by `PairRoad`: the pair areas, then reads in place, for WARM calls each;
     then reads in place on both ranks while either says its reads cost less (only rank 0 says
     so here, its costs set by hand), through the areas again once neither does; RUN calls on the
@@ -1569,7 +1569,7 @@ def pair_roads_scenario() -> None:
         read = transport.memory.read
         transport.memory.read = lambda pid, address, into: (reads.append(into.nbytes),
                                                             read(pid, address, into))
-        count, prefers = 2048, [rank == 0]  # float64s: 16 KiB each way
+        count, prefers = 8192, [rank == 0]  # float64s: 64 KiB each way (PAIR_ROADS_FROM)
         roads: list[str] = []
         for call in range(1, 2 * PairRoad.SAMPLE * PairRoad.EXPLORE + 1):
             if call == 1 + PairRoad.SAMPLE * PairRoad.EXPLORE:

@@ -297,7 +297,7 @@ PAIR_AREAS_BYTES = 2 << 20
 PAIR_AREA_LEAST = 16 << 10
 # A sendrecv's messages from here up to a pair area each way go by the road measured cheaper
 # lately, through the pair areas or read in place (`Roads`; see "Pair areas").
-PAIR_ROADS_FROM = 8 << 10
+PAIR_ROADS_FROM = 64 << 10
 # A pair's message from registered memory of more than this is read in place, out of the
 # peer's mapping (see "Registered memory").
 REGISTERED_PAIR_BYTES = 16 << 10
