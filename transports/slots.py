@@ -296,7 +296,7 @@ PAIR_AREA_MOST = 512 << 10
 PAIR_AREAS_BYTES = 2 << 20
 PAIR_AREA_LEAST = 16 << 10
 # A sendrecv's messages from here up to a pair area each way go by the road measured cheaper
-# lately, through the pair areas or read in place (`Roads`; see "Pair areas").
+# lately, through the pair areas or read in place (`PairRoad`; see "Pair areas").
 PAIR_ROADS_FROM = 64 << 10
 # A pair's message from registered memory of more than this is read in place, out of the
 # peer's mapping (see "Registered memory").
@@ -760,7 +760,7 @@ class SlotTransport(Transport):
         self.pairs_read_from = self._pair_area_bytes + 1 if self.roads is not None else None
         # Below that, each kind of sendrecv with a peer of PAIR_ROADS_FROM or more each way
         # takes the road its own `PairRoad` has measured cheaper, by (peer, bytes sent,
-        # received).
+        # received), kept as the exchanges are.
         self.pair_roads: dict[tuple[int, int, int], PairRoad] = {}
         # One-shot inputs of this size or more in registered memory are left where they lie,
         # where the call names its reads (see "Registered memory"); None: none are. Not where
@@ -1217,7 +1217,8 @@ class SlotTransport(Transport):
         if how == INLINE and reads_from is not None and sent_bytes is not None \
                 and expected_bytes is not None \
                 and min(sent_bytes, expected_bytes) >= PAIR_ROADS_FROM:
-            roads = self.pair_roads.setdefault((peer, sent_bytes, expected_bytes), PairRoad())
+            roads = kept(self.pair_roads, (peer, sent_bytes, expected_bytes), KEPT_EXCHANGES,
+                         PairRoad)
         fixed = (how, MESSAGES | how, False)  # a call's road, its mark, whether it is timed
         c_sent, c_expected, dtypes = kind
         mirrored = swapped_dtypes(dtypes)  # the peer's dtypes word
