@@ -68,9 +68,9 @@ from .broadcast import read_from_root, reads_from_root, where_root
 from .check import MessagesDiffer, judge_pair, mirrored, pair_kind, pair_said
 from .point_to_point import MessageName
 from .scan import finish, prefix
-from .scatter import (LENGTH, WHERE, describe, description_bytes, give_blocks, inline_bytes,
-                      offer_target, published_bytes, receive_described, send_blocks,
-                      take_block, where_at)
+from .scatter import (LENGTH, TARGET, WHERE, describe, description_bytes, give_blocks,
+                      inline_bytes, offer_target, published_bytes, receive_described,
+                      send_blocks, take_block, where_at)
 
 KINDS_KEPT = 64  # kinds of call remembered; more means a sweep of sizes, so start again
 # The blocks of an all-to-all, an all-gather or a gather from this size are placed where they
@@ -368,31 +368,34 @@ def small_scatter(comm: Any, sendbuf: Any | None, recvbuf: Any | None, root: int
     transport = comm._transport
     size, rank = transport.size, transport.rank
     mine = sendbuf if rank == root else recvbuf
-    if (type(mine) is not numpy.ndarray or mine.dtype.kind not in NUMERIC
-            or not _is_rank(comm, root) or not _open(comm, mine)):
+    if type(mine) is not numpy.ndarray or type(root) is not int or not _open(comm, mine):
         return GENERAL
+    # The root's kind is named by its whole buffer (a block per rank), the others' by their
+    # block: a kind kept says that the root is a rank, the dtype a number, the blocks one a
+    # rank.
+    key = ("scatter", root, mine.dtype, mine.shape)
+    kind = comm._small_calls.get(key)
+    if kind is None:
+        if mine.dtype.kind not in NUMERIC or not 0 <= root < size \
+                or rank == root and not _in_blocks(comm, mine):
+            return GENERAL
+        kind = _learn_scatter(comm, key, root, mine.shape[1:] if rank == root else mine.shape,
+                              mine.dtype)
+    block = kind.block
     if rank == root:
-        block = mine.shape[1:]
-        if not _in_blocks(comm, mine) or (recvbuf is not None and not _fits(
-                recvbuf, block, mine.dtype)):
+        if recvbuf is not None and not _fits(recvbuf, block, mine.dtype):
             return GENERAL
     elif not mine.flags.writeable:
         return GENERAL
-    else:
-        block = mine.shape
-    key = ("scatter", root, mine.dtype, block)
-    publish, expected, exchange, way = comm._small_calls.get(key) or _learn_scatter(
-        comm, key, root, block, mine.dtype)
+    publish, exchange, way = kind.publish, kind.exchange, kind.way
     if rank == root:
         if way is not INLINE and recvbuf is not None and overlap(recvbuf, mine, numpy):
             return GENERAL  # its block would be written while its peers read theirs
-        room = description_bytes(size)
         if way is INLINE:
-            publish[room:room + mine.nbytes] = mine.reshape(-1).view(numpy.uint8)
-            room += mine.nbytes
+            kind.blocks[...] = mine
         elif way is ONE_SIDED:
             WHERE.pack_into(publish, where_at(size), transport.locate(mine))
-        transport.unread(room)  # (the rest of it no peer takes)
+        transport.unread(kind.published)  # (the rest of it no peer takes)
         said = _exchange(comm, exchange, publish)
         result = numpy.empty(block, mine.dtype) if recvbuf is None else recvbuf
         if way is INLINE:
@@ -406,23 +409,68 @@ def small_scatter(comm: Any, sendbuf: Any | None, recvbuf: Any | None, root: int
             _messages(comm, lambda: send_blocks(transport, mine.reshape(-1), bounds, root,
                                                 result))
         return result
-    flat = mine.reshape(-1)
-    offered = offer_target(transport, publish, flat if way is ONE_SIDED else None)
+    if way is INLINE:  # (the offer of nothing is in `publish` from the start: `offer_target`)
+        transport.unread(TARGET.size)
+        offered = 0
+    else:
+        offered = offer_target(transport, publish, mine.reshape(-1) if way is ONE_SIDED
+                               else None)
     said = _exchange(comm, exchange, publish)[root]
-    if said[:len(expected)].tobytes() != expected:
+    described, taken, _ = kind.views.get(id(said)) or kind.view(said)
+    if described != kind.expected:
         _messages(comm, lambda: receive_described(
             transport, said, root,
             lambda shape, dtype: output(mine, shape, dtype, numpy).reshape(-1), offered))
     elif way is INLINE:
-        start = description_bytes(size) + rank * mine.nbytes
-        flat.view(numpy.uint8)[...] = said[start:start + mine.nbytes]
+        mine[...] = taken
     elif way is ONE_SIDED:
-        _messages(comm, lambda: take_block(transport, said, root, rank * mine.nbytes, flat,
-                                           offered))
+        _messages(comm, lambda: take_block(transport, said, root, rank * mine.nbytes,
+                                           mine.reshape(-1), offered))
     else:
         transport.at("scatter", (rank - root) % size - 1)
-        _messages(comm, lambda: transport.recv(flat, root))
+        _messages(comm, lambda: transport.recv(mine.reshape(-1), root))
     return mine
+
+
+class _ScatterKind:
+    """What the lane keeps of a kind of scatter (`_learn_scatter`): what this rank publishes
+    (the root: its description, with room for the blocks, or where they lie, written each
+    call; the others: their offer of where their block may land, `offer_target`), the
+    description the root gives when the blocks are as this rank expects them, the exchange,
+    and the way the blocks go (INLINE, ONE_SIDED or MESSAGES, as the general path chooses).
+
+    And views, made once, as a small call feels each (a reshape, a view and a slice cost a
+    16 B scatter 2 us): on the root, where its blocks go in what it publishes (`blocks`,
+    INLINE) and the bytes its peers take of that (`published`); on the others, for each
+    place the exchange returns the root's description in (`view`)."""
+
+    __slots__ = ("publish", "expected", "exchange", "way", "blocks", "published", "start",
+                 "block", "dtype", "views")
+
+    def __init__(self, publish: numpy.ndarray, expected: bytes, exchange: Any, way: object,
+                 block: tuple[int, ...], dtype: numpy.dtype, rank: int, root: int,
+                 size: int) -> None:
+        self.publish, self.expected, self.exchange, self.way = publish, expected, exchange, way
+        self.block, self.dtype = block, dtype
+        room, nbytes = description_bytes(size), math.prod(block) * dtype.itemsize
+        self.blocks = publish[room:room + size * nbytes].view(dtype).reshape((size, *block)) \
+            if rank == root and way is INLINE else None
+        self.published = room + size * nbytes if way is INLINE else room
+        self.start = room + rank * nbytes  # (our block, after the description)
+        self.views: dict[int, tuple[memoryview, Any, Any]] = {}
+
+    def view(self, said: Any) -> tuple[memoryview, Any, Any]:
+        """Of the root's description `said`, as the exchange returned it: the bytes that
+        describe its blocks, this rank's block (INLINE; else None), and `said` (kept, so that
+        its id is not another's), for the exchange's next call that returns it in the same
+        place (a transport has few: an area per turn's parity)."""
+        if len(self.views) >= 4:  # (a transport that returns new arrays: none kept long)
+            self.views.clear()
+        nbytes = math.prod(self.block) * self.dtype.itemsize
+        taken = said[self.start:self.start + nbytes].view(self.dtype).reshape(self.block) \
+            if self.way is INLINE else None
+        views = self.views[id(said)] = (memoryview(said[:len(self.expected)]), taken, said)
+        return views
 
 
 def _messages(comm: Any, move: Callable[[], Any]) -> Any:
@@ -698,14 +746,10 @@ def _learn(comm: Any, key: tuple, collective: str, sendbuf: numpy.ndarray,
 
 
 def _learn_scatter(comm: Any, key: tuple, root: int, block: tuple[int, ...],
-                   dtype: numpy.dtype) -> tuple[numpy.ndarray, bytes, Any, object]:
-    """What the lane keeps of a kind of scatter (`key`): what this rank publishes (the root:
-    its description, with room for the blocks, or where they lie, written each call; the
-    others: their offer of where their block may land, `offer_target`), the description the
-    root gives when the blocks are as this rank expects them, the exchange, prepared as the
-    general path makes it (uncounted there: each block counts, in the exchange when inline,
-    else as it moves), and the way the blocks go (INLINE, ONE_SIDED or MESSAGES, as the
-    general path chooses)."""
+                   dtype: numpy.dtype) -> _ScatterKind:
+    """What the lane keeps of a kind of scatter (`key`, `_ScatterKind`): the exchange is
+    prepared as the general path makes it (uncounted there: each block counts, in the
+    exchange when inline, else as it moves), and the way is the general path's."""
     transport = comm._transport
     if len(comm._small_calls) >= KINDS_KEPT:
         comm._small_calls.clear()
@@ -714,14 +758,16 @@ def _learn_scatter(comm: Any, key: tuple, root: int, block: tuple[int, ...],
         ONE_SIDED if transport.one_sided else MESSAGES
     described = describe(block, None, dtype.str, transport.size)
     length = LENGTH.size + LENGTH.unpack_from(described)[0]
-    publish = numpy.zeros(published_bytes(transport), numpy.uint8)
+    publish = numpy.zeros(published_bytes(transport), numpy.uint8)  # (an offer of nothing)
     if transport.rank == root:
         publish[:described.size] = described
     call = comm._descriptor("scatter", -1, None, root=root) if comm._checking else None
     exchange = transport.prepare_all_inputs(
         publish.shape, publish.dtype, "scatter", call,
         _one_way(comm, root, nbytes, False) if way is INLINE else [])
-    kind = comm._small_calls[key] = (publish, described[:length].tobytes(), exchange, way)
+    kind = comm._small_calls[key] = _ScatterKind(
+        publish, described[:length].tobytes(), exchange, way, block, dtype, transport.rank,
+        root, transport.size)
     return kind
 
 

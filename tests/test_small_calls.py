@@ -273,6 +273,27 @@ def test_what_the_lane_does_not_take_still_works_or_fails_as_before():
         assert results == [want, want, want]
 
 
+def test_a_kind_of_scatter_kept_by_the_lane_lets_no_root_through_that_is_not_a_rank():
+    """The lane keeps a kind of scatter by its root and the root's buffer: a root of True or
+    1.0 is equal to 1, and would find the kind that root 1 left; they are refused as before,
+    on every rank, and the communicator goes on."""
+    blocks = numpy.arange(6.0).reshape(2, 3)
+
+    def body(comm):
+        for _ in range(2):  # (the second call of the kind takes the lane)
+            comm.scatter(blocks if comm.rank == 1 else None, numpy.empty(3), root=1)
+        said = []
+        for wrong in (True, 1.0):
+            with pytest.raises(collectives.InvalidArgumentError, match="is not a rank") as error:
+                comm.scatter(blocks if comm.rank == 1 else None, numpy.empty(3), root=wrong)
+            said.append(str(error.value))
+        return said, comm.scatter(blocks if comm.rank == 1 else None, root=1).tolist()
+
+    for rank, (said, after) in enumerate(collectives.spawn(body, 2, one_shot_bytes=1 << 20)):
+        assert said == ["root True is not a rank in [0, 2)", "root 1.0 is not a rank in [0, 2)"]
+        assert after == blocks[rank].tolist()
+
+
 def test_the_lane_and_the_general_path_keep_the_inputs_byte_order():
     """A big-endian input: the general path gave a big-endian result, the lane (whose ufunc
     made the result) a native one: the same values, other bytes."""
