@@ -8,8 +8,10 @@ needs them. So the call starts with one exchange of a small description (`all_in
 root's says what each block is, the others' are blank. It is the exchange the call check
 needs anyway (it carries the call's descriptor), so describing costs no message of its own.
 A small buffer travels in it too, after the description (`inline_bytes`: about 3 KiB on a
-few ranks, up to 128 KiB where the transport moves only the bytes of an input that are read,
-shm), and the call is that one exchange: no rank waits for another to take its block.
+few ranks, up to 256 KiB where the transport moves only the bytes of an input that are read,
+shm), and the call is that one exchange: no rank waits for another to take its block. Only
+the peers' blocks travel, from the root's right neighbour's on (`carried`): the root's own
+is read by none, so it is not copied into the description.
 
 A larger one, where the transport reaches its peers' memory (`Transport.one_sided`: shm with
 direct reads), moves one-sided: the root's description also says where its blocks lie
@@ -72,8 +74,10 @@ DESCRIPTION_BYTES = 4096
 # the others fill none. Measured (docs/performance.md, "Middle sizes"): 32 KiB on 2 ranks took
 # 41-42 us one-sided, 24 in the description; 128 KiB 50 against 43, 256 KiB 61-64 against 67; on 4
 # ranks sharing 2 cores 8 KiB 164-172 against 78-80, 128 KiB 171 against 122-127, 256 KiB
-# 180-184 against 168.
-INLINE_BYTES = 128 << 10
+# 180-184 against 168. Once the root's own block no longer travelled (`carried`), 256 KiB on 2
+# ranks took 61.7-67.8 one-sided and 50.8-52.2 in the description ("A scatter's description
+# carries its peers' blocks only").
+INLINE_BYTES = 256 << 10
 
 
 def description_bytes(size: int) -> int:
@@ -165,18 +169,29 @@ def blank(nbytes: int) -> numpy.ndarray:
 
 
 @functools.lru_cache(maxsize=64)
-def _read(text: bytes, rank: int, size: int) -> tuple[tuple[int, ...], numpy.dtype, int, int]:
-    """The shape and dtype of `rank`'s block, from the root's description on `size` ranks;
-    where its bytes start among the blocks, and the bytes of all the blocks."""
+def _read(text: bytes, rank: int, root: int,
+          size: int) -> tuple[tuple[int, ...], numpy.dtype, int, int, int]:
+    """The shape and dtype of `rank`'s block, from `root`'s description on `size` ranks;
+    where its bytes start in the root's buffer, and among the blocks the description carries
+    (`carried`); and the bytes of all the blocks."""
     fields = json.loads(text)
     dtype = numpy.dtype(fields["dtype"])
     if "shape" in fields:
         shape = tuple(fields["shape"])
-        block = math.prod(shape) * dtype.itemsize
-        return shape, dtype, rank * block, size * block
-    counts = fields["counts"]
-    return (counts[rank],), dtype, sum(counts[:rank]) * dtype.itemsize, \
-        sum(counts) * dtype.itemsize
+        counts = [math.prod(shape)] * size
+    else:
+        counts = fields["counts"]
+        shape = (counts[rank],)
+    starts = [sum(counts[:r]) * dtype.itemsize for r in range(size + 1)]
+    return shape, dtype, starts[rank], carried(starts[rank], starts[root], starts[root + 1],
+                                               starts[size]), starts[size]
+
+
+def carried(start: int, root_start: int, root_end: int, total: int) -> int:
+    """Where a peer's block, `start` bytes into the root's buffer of `total` bytes, lies among
+    the blocks a description carries: the blocks after the root's own (from `root_end`),
+    then those before it; the root's own (from `root_start`) is not carried."""
+    return start - root_end if start >= root_end else total - root_end + start
 
 
 def scatter_from_root(transport: Transport, flat: Any | None, bounds: list[tuple[int, int]],
@@ -202,11 +217,16 @@ def scatter_from_root(transport: Transport, flat: Any | None, bounds: list[tuple
     # (Past what it holds, never read.)
     description = xp.empty(published_bytes(transport), xp.uint8)
     description[:room] = xp.asarray(describe(shape, counts, flat.dtype.str, size))
-    if inline:
-        description[room:room + flat.nbytes] = flat.view(xp.uint8)
+    published = room
+    if inline:  # the peers' blocks, from our right neighbour's on (`carried`)
+        raw = flat.view(xp.uint8)
+        own_start, own_end = (bound * flat.itemsize for bound in bounds[root])
+        for part in (raw[own_end:], raw[:own_start]):
+            description[published:published + part.nbytes] = part
+            published += part.nbytes
     elif one_sided:
         WHERE.pack_into(description, where_at(size), transport.locate(flat))
-    transport.unread(room + flat.nbytes if inline else room)  # (the rest no peer takes)
+    transport.unread(published)  # (the rest no peer takes)
     said = _describing(transport, description)
     target = receive_into(shape if counts is None else (counts[root],), flat.dtype)
     if one_sided:
@@ -286,8 +306,8 @@ def receive_described(transport: Transport, said: Any, root: int,
     xp, size = transport.xp, transport.size
     raw = said.get() if hasattr(said, "get") else said  # CuPy -> NumPy
     length, = LENGTH.unpack_from(raw)
-    shape, dtype, offset, total = _read(raw[LENGTH.size:LENGTH.size + length].tobytes(),
-                                        transport.rank, size)
+    shape, dtype, offset, at, total = _read(raw[LENGTH.size:LENGTH.size + length].tobytes(),
+                                            transport.rank, root, size)
     try:
         target, problem = receive_into(shape, dtype), None
     except (ValueError, TypeError) as error:
@@ -298,7 +318,7 @@ def receive_described(transport: Transport, said: Any, root: int,
         transport.at("scatter", (transport.rank - root) % size - 1)
         transport.recv(target, root)
     elif problem is None:
-        start = description_bytes(size) + offset
+        start = description_bytes(size) + at
         target.view(xp.uint8)[...] = said[start:start + target.nbytes]
         transport.count(None, None, target, root)
     if problem is not None:

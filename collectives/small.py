@@ -68,9 +68,9 @@ from .broadcast import read_from_root, reads_from_root, where_root
 from .check import MessagesDiffer, judge_pair, mirrored, pair_kind, pair_said
 from .point_to_point import MessageName
 from .scan import finish, prefix
-from .scatter import (LENGTH, TARGET, WHERE, describe, description_bytes, give_blocks,
-                      inline_bytes, offer_target, published_bytes, receive_described,
-                      send_blocks, take_block, where_at)
+from .scatter import (LENGTH, TARGET, WHERE, carried, describe, description_bytes,
+                      give_blocks, inline_bytes, offer_target, published_bytes,
+                      receive_described, send_blocks, take_block, where_at)
 
 KINDS_KEPT = 64  # kinds of call remembered; more means a sweep of sizes, so start again
 # The blocks of an all-to-all, an all-gather or a gather from this size are placed where they
@@ -391,8 +391,10 @@ def small_scatter(comm: Any, sendbuf: Any | None, recvbuf: Any | None, root: int
     if rank == root:
         if way is not INLINE and recvbuf is not None and overlap(recvbuf, mine, numpy):
             return GENERAL  # its block would be written while its peers read theirs
-        if way is INLINE:
-            kind.blocks[...] = mine
+        if way is INLINE:  # the peers' blocks, from our right neighbour's on (`carried`)
+            kind.blocks[:size - 1 - root] = mine[root + 1:]
+            if root:
+                kind.blocks[size - 1 - root:] = mine[:root]
         elif way is ONE_SIDED:
             WHERE.pack_into(publish, where_at(size), transport.locate(mine))
         transport.unread(kind.published)  # (the rest of it no peer takes)
@@ -453,10 +455,12 @@ class _ScatterKind:
         self.publish, self.expected, self.exchange, self.way = publish, expected, exchange, way
         self.block, self.dtype = block, dtype
         room, nbytes = description_bytes(size), math.prod(block) * dtype.itemsize
-        self.blocks = publish[room:room + size * nbytes].view(dtype).reshape((size, *block)) \
+        peers = (size - 1) * nbytes  # (the root's own block is not carried: `carried`)
+        self.blocks = publish[room:room + peers].view(dtype).reshape((size - 1, *block)) \
             if rank == root and way is INLINE else None
-        self.published = room + size * nbytes if way is INLINE else room
-        self.start = room + rank * nbytes  # (our block, after the description)
+        self.published = room + peers if way is INLINE else room
+        self.start = room + carried(rank * nbytes, root * nbytes, (root + 1) * nbytes,
+                                    size * nbytes)  # (our block, after the description)
         self.views: dict[int, tuple[memoryview, Any, Any]] = {}
 
     def view(self, said: Any) -> tuple[memoryview, Any, Any]:

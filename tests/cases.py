@@ -606,7 +606,7 @@ LANES = ("broadcast", "gather", "all_gather", "reduce", "reduce_scatter", "all_t
 # for blocks (scatter.py's INLINE_BYTES where it is largest, on shm), so that they follow
 # one-sided or as messages; and less than the "one_shot" variant's one_shot_bytes, so that
 # the root takes the lane too.
-LARGE_BLOCK_BYTES = 64 << 10
+LARGE_BLOCK_BYTES = 96 << 10
 
 
 def large_block(dtype: str) -> int:

@@ -152,9 +152,10 @@ def unread_inputs_stay_out_of_the_areas(comm) -> None:
 def scatters_carry_their_blocks_in_their_descriptions(comm) -> None:
     """White box: a scatter whose blocks fit its description's room (on shm, up to
     scatter.INLINE_BYTES within the area) is its one exchange: no rank reads another's memory
-    or sends a message. The root's area takes its description and its blocks and nothing past
-    them (`Transport.unread` of what follows), the other ranks' only their offer of nothing
-    (`scatter.offer_target`). By the lane and by the general path, from every root."""
+    or sends a message. The root's area takes its description and its peers' blocks (from its
+    right neighbour's on: `scatter.carried`) and nothing past them (`Transport.unread` of what
+    follows), the other ranks' only their offer of nothing (`scatter.offer_target`). By the
+    lane and by the general path, from every root."""
     from collectives.scatter import TARGET, description_bytes, inline_bytes, published_bytes
     from transports.slots import SLOTS
 
@@ -182,11 +183,14 @@ def scatters_carry_their_blocks_in_their_descriptions(comm) -> None:
                     blocks if rank == root else None, numpy.empty(block), root=root)
                 numpy.testing.assert_array_equal(got, blocks[rank])
                 assert reads == [] and transport._sent == sent, (reads, root, general)
-                held = description_bytes(size) + blocks.nbytes if rank == root else TARGET.size
+                # The root's: its peers' blocks, from its right neighbour's on, not its own.
+                carried = numpy.concatenate([blocks[root + 1:], blocks[:root]])
+                held = description_bytes(size) + carried.nbytes if rank == root \
+                    else TARGET.size
                 assert all((area[held:] == 0xA5).all() for area in areas), (root, general)
                 assert (rank != root) or any(
                     numpy.array_equal(area[description_bytes(size):held],
-                                      blocks.view(numpy.uint8).reshape(-1)) for area in areas)
+                                      carried.view(numpy.uint8).reshape(-1)) for area in areas)
     finally:
         transport.memory.read = read
 
