@@ -411,18 +411,38 @@ def ring_mismatch_case(comm: Any, count: int) -> dict:
     key = ("sendrecv", (rank + 1) % size, (rank - 1) % size, numpy.dtype("float64"),
            (count,), numpy.dtype("float64"), (count,))
     return {"result": rounds, "stepped": comm._small_calls.get(key) is not None,
-            "transport": comm.transport}
+            "transport": comm.transport,
+            "reads_from": getattr(comm._transport, "pairs_read_from", None)}
 
 
-def mixed_ring_case(comm: Any) -> dict:
+def mixed_ring_case(comm: Any, in_place: bool = False) -> dict:
     """Ring shifts by sendrecv where one rank in turn traces (the general path) and the others
-    do not (a step readied for two peers, on shm), then where none does: what each received."""
+    do not (a step readied for two peers, on shm), then where none does: what each received,
+    and how many of this rank's untraced shifts left its message in place. `in_place`: on shm
+    with direct reads, each half of the step is read in place (`pairs_read_from` lowered to a
+    byte); the peer on the general path meets it there."""
     rank, size, got = comm.rank, comm.size, []
-    for trial in range(size + 1):
-        with comm.trace() if trial < size and rank == trial else contextlib.nullcontext():
-            got.append(comm.sendrecv(values(rank + trial, 5, "float64"), (rank + 1) % size,
-                                     src=(rank - 1) % size).tolist())
-    return {"got": got, "stats": vars(comm.stats).copy()}
+    transport = comm._transport
+    reads_from = getattr(transport, "pairs_read_from", None)
+    lowered = in_place and getattr(transport, "single_copy", False)
+    marks = []
+    if lowered:
+        transport.pairs_read_from = 1
+        comm._small_calls.clear()  # (steps readied before were readied for the old size)
+    try:
+        for trial in range(size + 1):
+            traced = trial < size and rank == trial
+            with comm.trace() if traced else contextlib.nullcontext():
+                got.append(comm.sendrecv(values(rank + trial, 5, "float64"), (rank + 1) % size,
+                                         src=(rank - 1) % size).tolist())
+            if lowered and not traced:
+                marks.append(_last_mark(transport, (rank + 1) % size))
+    finally:
+        if lowered:
+            transport.pairs_read_from = reads_from
+            comm._small_calls.clear()
+    return {"got": got, "stats": vars(comm.stats).copy(),
+            "in_place": marks.count(IN_PLACE) if lowered else None}
 
 
 def messages_of_many_sizes_case(comm: Any, sizes: int) -> dict:

@@ -74,12 +74,16 @@ def test_a_pair_on_the_general_path_meets_one_on_the_shortest_way(run):
                                      if result["transport"] in ("shm", "mpi") else []), result
 
 
-def test_a_ring_shift_meets_a_rank_on_the_general_path(run):
+@pytest.mark.parametrize("in_place", [False, True])
+def test_a_ring_shift_meets_a_rank_on_the_general_path(run, in_place):
     """On 3 ranks, each rank in turn traces (the general path) while the others take the
-    step readied for a sendrecv with two peers: every shift is right."""
-    for rank, result in enumerate(run("mixed_ring_case", 3, "auto")):
+    step readied for a sendrecv with two peers: every shift is right, with the step's
+    halves through the pair areas and, on shm with direct reads, read in place."""
+    for rank, result in enumerate(run("mixed_ring_case", 3, "auto", in_place=in_place)):
         assert result["got"] == [values((rank - 1) % 3 + trial, 5, "float64").tolist()
                                  for trial in range(4)], result["got"]
+        if result["in_place"] is not None:  # each untraced shift's message, left in place
+            assert result["in_place"] == 3, result
 
 
 def test_readied_messages_outlive_a_sweep_of_more_sizes_than_the_transport_keeps(run):
@@ -151,7 +155,8 @@ def test_a_sendrecv_moves_the_half_whose_pair_agreed(run, count):
     too many): they raise, rank 2, whose pairs both agreed, gets rank 1's message, and the next
     shift is right everywhere. Before, the half whose pair agreed was dropped: rank 2 took
     rank 1's next message, or its check's words, as this one's data, with no error. On shm
-    and mpi the small shift takes a step readied for two peers, which keeps the same rule."""
+    and mpi the small shift takes a step readied for two peers, which keeps the same rule, and
+    so does the large one on shm where each half is read in place."""
     for rank, result in enumerate(run("ring_mismatch_case", 3, "auto", count=count)):
         first, second = result["result"]
         if rank < 2:
@@ -160,10 +165,12 @@ def test_a_sendrecv_moves_the_half_whose_pair_agreed(run, count):
         else:
             numpy.testing.assert_array_equal(first, values(1, count, "float64"))
         numpy.testing.assert_array_equal(second, values((rank - 1) % 3 + 10, count, "float64"))
-        # On shm and mpi a small ring shift takes a readied step (a larger one, the general
-        # path).
-        assert result["stepped"] == (result["transport"] in ("shm", "mpi")
-                                     and count < 1 << 15), result
+        # On shm and mpi a small ring shift takes a readied step; a larger one the general
+        # path, but on shm where pairs are read in place, from there (each half read in place).
+        reads_from = result["reads_from"]
+        assert result["stepped"] == (result["transport"] in ("shm", "mpi") and count < 1 << 15
+                                     or reads_from is not None and 8 * count >= reads_from), \
+            result
 
 
 def test_counts_that_differ_raise_mismatch_on_every_rank_of_every_transport(run):

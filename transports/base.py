@@ -75,7 +75,9 @@ def ring_step(dst: int, sending: tuple[Callable[..., Any], Callable[..., Any]], 
     """A transport's readied step for a sendrecv with two peers (`prepare_ring_message`), made
     of the halves of its steps for one (`publish`, then `finish`: a send alone to `dst`, a recv
     alone from `src`), both published before either is finished, so that ranks that all send
-    and receive at once never wait on each other. `step(mine, into, n_sent, n_expected)`:
+    and receive at once never wait on each other; the recv is finished first, since finishing
+    a send left in place for `dst` to read waits for `dst` to have read it, which `dst` does
+    in finishing its recv. `step(mine, into, n_sent, n_expected)`:
     True once both have moved; else each peer's words, or True for a half that agreed and
     moved, by peer; False, having done nothing, while `stale()`."""
     (publish_out, finish_out), (publish_in, finish_in) = sending, receiving
@@ -85,8 +87,8 @@ def ring_step(dst: int, sending: tuple[Callable[..., Any], Callable[..., Any]], 
         if stale():
             return False
         out, come = publish_out(mine, n_sent, 0), publish_in(None, 0, n_expected)
-        sent = finish_out(mine, None, n_sent, 0, out)
         received = finish_in(None, into, 0, n_expected, come)
+        sent = finish_out(mine, None, n_sent, 0, out)
         return True if sent is True and received is True else {dst: sent, src: received}
     return step
 

@@ -215,7 +215,16 @@ the general way is met there: once the check agrees, both messages move as that 
 256 KiB the slots, in the caches, were then as fast or faster; once the steps were readied
 (`prepare_pair_message`), in a slow spell, read in place took 23.3 against 36.4 us at 8 KiB,
 26.7 against 43.3 at 32 KiB, 38.7 against 70.2 at 128 KiB, 55.3 against 106.3 at 256 KiB, so
-they are read in place above the pair areas.
+they are read in place above the pair areas. A sendrecv with two peers (a ring shift,
+`prepare_ring_message`) is read in place from the same size too, each half on its own: the
+rank leaves its message in place for one peer and reads the other's, both published before
+either is waited for, and waits for its own to be read only after it has read (`ring_step`), so
+no rank of the ring waits on one that waits on it. Where ranks outnumber the cores, pairs and
+rings are read in place from CROWDED_DIRECT_BYTES, where the general way reads directly too:
+one publish carries the words and the address, where the general way checks first and
+announces after. Measured on 3 and 4 ranks sharing 2 cores (docs/performance.md, "Ring shifts
+read in place"), a 1 MiB ring shift ran at 0.79x-0.89x MPICH's speed in the same job on 3 ranks
+where the general way ran at 0.51x-0.60x, and at 0.65x-0.76x against 0.50x-0.57x on 4.
 
 One-sided moves. Where direct reads work, a collective may move blocks itself (`locate`,
 `get`): an exchange carries where a buffer lies (its address word, as for inputs read in
@@ -755,9 +764,11 @@ class SlotTransport(Transport):
         # ... of inputs larger than this: where ranks outnumber cores, those that an area does
         # not hold (a smaller one takes one exchange through the areas, as fast or faster).
         self.reads_inputs_above = self._area_bytes if self.oversubscribed else 0
-        # A checked pair's messages from here up each way are read in place (see "Pair
-        # messages read in place"); None: none are.
-        self.pairs_read_from = self._pair_area_bytes + 1 if self.roads is not None else None
+        # A checked pair's messages from here up each way are read in place, and each half of
+        # a ring shift's (see "Pair messages read in place"); where ranks outnumber the cores,
+        # from where the general way reads directly too; None: none are.
+        self.pairs_read_from = self._pair_area_bytes + 1 if self.roads is not None else \
+            max(CROWDED_DIRECT_BYTES, self._pair_area_bytes + 1) if self.single_copy else None
         # Below that, each kind of sendrecv with a peer of PAIR_ROADS_FROM or more each way
         # takes the road its own `PairRoad` has measured cheaper, by (peer, bytes sent,
         # received), kept as the exchanges are.
@@ -1182,8 +1193,8 @@ class SlotTransport(Transport):
         (`ring_step`); where one pair disagrees, the half whose pair agreed moves, as `message`
         moves it. None where either goes neither through the pair areas nor in place."""
         sending, receiving = ring_kinds(kind)
-        out = self._pair_phases(dst, sent_bytes, None, sending)
-        come = self._pair_phases(src, None, expected_bytes, receiving)
+        out = self._pair_phases(dst, sent_bytes, None, sending, ring=True)
+        come = self._pair_phases(src, None, expected_bytes, receiving, ring=True)
         if out is None or come is None:
             return None
         reads_from = self.pairs_read_from
@@ -1191,8 +1202,8 @@ class SlotTransport(Transport):
                          lambda: self._registered or self.pairs_read_from != reads_from)
 
     def _pair_phases(self, peer: int, sent_bytes: int | None, expected_bytes: int | None,
-                     kind: tuple[int, int, int]) -> tuple[Callable[..., int],
-                                                          Callable[..., Any]] | None:
+                     kind: tuple[int, int, int], ring: bool = False
+                     ) -> tuple[Callable[..., int], Callable[..., Any]] | None:
         """The two halves of a readied step with `peer` (`prepare_pair_message`): `publish(mine,
         n_sent, n_expected)`, which writes the data (or where it lies) and the words, and
         returns the pair's turn; and `finish(mine, into, n_sent, n_expected, turn)`, which
@@ -1202,8 +1213,9 @@ class SlotTransport(Transport):
         reads_from, area = self.pairs_read_from, self._pair_area_bytes
         if sent_bytes is None or expected_bytes is None:  # (see `prepare_pair_message`)
             area = min(area, self._one_segment_bytes)
-        if reads_from is not None and sent_bytes is not None and expected_bytes is not None \
-                and sent_bytes >= reads_from and expected_bytes >= reads_from:
+        ways = [n for n in (sent_bytes, expected_bytes) if n is not None]
+        if reads_from is not None and ways and min(ways) >= reads_from \
+                and (len(ways) == 2 or ring):
             how = IN_PLACE
         elif self._pair_out is not None and (sent_bytes, expected_bytes) != (None, None) \
                 and (sent_bytes is None or 0 < sent_bytes <= area) \
