@@ -42,8 +42,9 @@ Messages (send, recv, sendrecv) take a shorter lane, at any size: their argument
 then a step the transport readies once per kind of message (`prepare_pair_message`, kept as the
 collectives' exchanges are: `small_sendrecv`, `small_send`, `small_recv`, `_step_message`). On
 shm a sendrecv with one peer goes through the pair areas, up to 512 KiB on 2 ranks, and is read
-in place above them where direct reads work and each rank has a core; a send or a recv alone,
-and a sendrecv with two peers (`_ring_message`), go through the pair areas up to a segment. On
+in place above them where direct reads work (where ranks share cores, from 512 KiB); a sendrecv
+with two peers (`_ring_message`) goes the same ways, each half on its own, and a send or a recv
+alone through the pair areas up to a segment. On
 mpi each way is one packet, the check's words and the data (up to 128 KiB), for one peer or
 two. Where there is no such step,
 `small_message` takes the transport's `pair_message` for a sendrecv with one peer, else the
