@@ -1209,7 +1209,9 @@ class SlotTransport(Transport):
         returns the pair's turn; and `finish(mine, into, n_sent, n_expected, turn)`, which
         waits for the peer's words and takes its data: True, or the peer's words where they
         differ (after a peer whose data lies elsewhere, True once taken from there). None
-        where the messages go neither through the pair areas nor in place."""
+        where the messages go neither through the pair areas nor in place. `ring`: a half of a
+        ring shift's step (`prepare_ring_message`), read in place from the size a pair's
+        messages are; a send or a recv alone never is (it goes the general way instead)."""
         reads_from, area = self.pairs_read_from, self._pair_area_bytes
         if sent_bytes is None or expected_bytes is None:  # (see `prepare_pair_message`)
             area = min(area, self._one_segment_bytes)
