@@ -1211,7 +1211,8 @@ class SlotTransport(Transport):
         differ (after a peer whose data lies elsewhere, True once taken from there). None
         where the messages go neither through the pair areas nor in place. `ring`: a half of a
         ring shift's step (`prepare_ring_message`), read in place from the size a pair's
-        messages are; a send or a recv alone never is (it goes the general way instead)."""
+        messages are; a send or a recv alone never is (through the pair areas up to an area
+        and a segment, else the general way)."""
         reads_from, area = self.pairs_read_from, self._pair_area_bytes
         if sent_bytes is None or expected_bytes is None:  # (see `prepare_pair_message`)
             area = min(area, self._one_segment_bytes)
