@@ -445,6 +445,56 @@ def mixed_ring_case(comm: Any, in_place: bool = False) -> dict:
             "in_place": marks.count(IN_PLACE) if lowered else None}
 
 
+def pipeline_case(comm: Any, count: int, traced: int | None = None,
+                  reverse: bool = False) -> dict:
+    """A sendrecv with two peers among ranks that each receive and send alone: rank 0 sends to
+    rank 1 and receives from the last rank, while each other rank receives from the one before
+    it and then sends to the one after (`reverse`: rank 1 receives from the last rank, then
+    from rank 0, and the last rank sends to rank 0, then to rank 1). A valid MPI program in
+    which rank 0 must finish its send first (its recv's message comes only once its send has
+    gone round), or, reversed, its recv first. Rank `traced` traces (the general path). What
+    each rank received, in order. (The waits are cut to 60 s: a deadlock fails the test.)"""
+    rank, size = comm.rank, comm.size
+    last, mine = size - 1, values(rank, count, "float64")
+    transport, got = comm._transport, []
+    timeout, transport.timeout = transport.timeout, 60.0
+    try:
+        with comm.trace() if rank == traced else contextlib.nullcontext():
+            if rank == 0:
+                got.append(comm.sendrecv(mine, 1, src=last).tolist())
+            elif reverse and rank == 1:
+                got += [comm.recv(numpy.empty(count), last).tolist(),
+                        comm.recv(numpy.empty(count), 0).tolist()]
+            elif reverse and rank == last:
+                comm.send(mine, 0)
+                comm.send(mine, 1)
+            else:
+                got.append(comm.recv(numpy.empty(count), rank - 1).tolist())
+                comm.send(mine, (rank + 1) % size)
+    finally:
+        transport.timeout = timeout
+    return {"got": got}
+
+
+def crowded_pair_roads_case(comm: Any) -> dict:
+    """Sendrecvs of 128 KiB with one peer as where ranks share cores (no `roads`; pairs read in
+    place only from above a pair area): what each received, and how many kinds of message
+    measured their road (`pair_roads`: none should, timings there measure the scheduler)."""
+    transport, peer = comm._transport, comm.rank ^ 1
+    roads = transport.roads
+    transport.roads = None
+    transport.pair_roads.clear()
+    comm._small_calls.clear()  # (steps readied before were readied with the roads)
+    try:
+        got = [comm.sendrecv(values(comm.rank + trial, 1 << 14, "float64"), peer).tolist()
+               for trial in range(10)]
+        measured = len(transport.pair_roads)
+    finally:
+        transport.roads = roads
+        comm._small_calls.clear()
+    return {"got": got, "measured": measured}
+
+
 def messages_of_many_sizes_case(comm: Any, sizes: int) -> dict:
     """Three rounds of sendrecvs, ring shifts, and sends with their recvs, of 1 to `sizes`
     elements: more kinds than a transport keeps packets for (mpi.py's KEPT_SIZES), each

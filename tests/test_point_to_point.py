@@ -86,6 +86,45 @@ def test_a_ring_shift_meets_a_rank_on_the_general_path(run, in_place):
             assert result["in_place"] == 3, result
 
 
+def pipeline_results(count: int, reverse: bool) -> list[list[list[float]]]:
+    """What each of 3 ranks receives in `pipeline_case`."""
+    sent = [values(rank, count, "float64").tolist() for rank in range(3)]
+    return [[sent[2]], [sent[2], sent[0]], []] if reverse else [[sent[2]], [sent[0]], [sent[1]]]
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("traced", [None, 1])
+@pytest.mark.parametrize("transport", ["shm", "mpi"])
+def test_a_sendrecv_with_two_peers_meets_a_pipeline(rank_pool, transport, traced, reverse):
+    """On 3 ranks, rank 0's sendrecv (to rank 1, from rank 2), by the step its transport
+    readies for two peers, meets ranks that receive and send alone, rank 1 on the general path
+    or not: in a pipeline the step's send must go first (rank 2 sends to it only once rank 1
+    has passed its message on), reversed its recv. Each order alone deadlocks one of them
+    (`ring_step`)."""
+    results = rank_pool.run("pipeline_case", 3, transport, "auto", count=5, traced=traced,
+                            reverse=reverse)
+    assert [result["got"] for result in results] == pipeline_results(5, reverse)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_a_ring_shift_read_in_place_meets_a_pipeline(rank_pool, reverse):
+    """The same on shm with 1 MiB messages: rank 0's halves are read in place where direct
+    reads work, while rank 1's recv alone, larger than a segment, goes the general way and
+    takes rank 0's message only as rank 0 sends it."""
+    results = rank_pool.run("pipeline_case", 3, "shm", "auto", count=1 << 17, reverse=reverse)
+    assert [result["got"] for result in results] == pipeline_results(1 << 17, reverse)
+
+
+def test_pairs_take_no_measured_road_where_ranks_share_cores(rank_pool):
+    """Where ranks share cores (shm without `roads`), a pair's sendrecv of 128 KiB goes
+    through the pair areas every time: no kind of message times its roads, since its timings
+    would measure the scheduler."""
+    for rank, result in enumerate(rank_pool.run("crowded_pair_roads_case", 2, "shm")):
+        assert result["got"] == [values((rank ^ 1) + trial, 1 << 14, "float64").tolist()
+                                 for trial in range(10)]
+        assert result["measured"] == 0, result
+
+
 def test_readied_messages_outlive_a_sweep_of_more_sizes_than_the_transport_keeps(run):
     """The lane keeps each kind of message's step; the mpi transport keeps fewer packets than
     that (KEPT_SIZES), and a step whose packet has gone takes a new one. Cycling through more

@@ -69,26 +69,61 @@ def ring_kinds(kind: tuple[int, int, int]) -> tuple[tuple[int, int, int], tuple[
     return (c_sent, 0, dtypes >> 32 << 32), (0, c_expected, dtypes & 0xFFFFFFFF)
 
 
-def ring_step(dst: int, sending: tuple[Callable[..., Any], Callable[..., Any]], src: int,
-              receiving: tuple[Callable[..., Any], Callable[..., Any]],
-              stale: Callable[[], bool] = lambda: False) -> Callable[..., Any]:
+# What a half of a ring step has heard from its peer (`ring_step`): nothing yet, the words of
+# a readied step (which takes our message without us), or those of a message that goes the
+# general way (which moves ours only as this rank sends it).
+SILENT, READIED, GENERAL_WAY = 0, 1, 2
+Half = tuple[Callable[..., Any], Callable[..., Any], Callable[..., int]]
+
+
+def ring_step(dst: int, sending: Half, src: int, receiving: Half,
+              wait: Callable[..., None], stale: Callable[[], bool] = lambda: False
+              ) -> Callable[..., Any]:
     """A transport's readied step for a sendrecv with two peers (`prepare_ring_message`), made
-    of the halves of its steps for one (`publish`, then `finish`: a send alone to `dst`, a recv
-    alone from `src`), both published before either is finished, so that ranks that all send
-    and receive at once never wait on each other; the recv is finished first, since finishing
-    a send left in place for `dst` to read waits for `dst` to have read it, which `dst` does
-    in finishing its recv. `step(mine, into, n_sent, n_expected)`:
-    True once both have moved; else each peer's words, or True for a half that agreed and
-    moved, by peer; False, having done nothing, while `stale()`."""
-    (publish_out, finish_out), (publish_in, finish_in) = sending, receiving
+    of the halves of its steps for one (`publish`, `finish`, and `spoken`, which says without
+    waiting what the peer's words of a turn are: SILENT, READIED or GENERAL_WAY; a send alone
+    to `dst`, a recv alone from `src`), both published before either is finished, so that
+    ranks that all send and receive at once never wait on each other. `wait(ready, peer,
+    what)` is the transport's wait. `step(mine, into, n_sent, n_expected)`: True once both
+    have moved; else each peer's words, or True for a half that agreed and moved, by peer;
+    False, having done nothing, while `stale()`.
+
+    Which half is finished first depends on who has spoken. No fixed order is safe: finishing
+    the send first deadlocks a ring whose messages are read in place, since a send left in
+    place is finished once `dst` has read it, which `dst` does in finishing its own recv.
+    Finishing the recv first deadlocks a pipeline. There `dst` receives the general way and
+    then sends to `src`, which sends to us only then, while a general-way message moves only
+    as its sender sends it. So the step waits until either peer has spoken. It finishes the
+    recv first if `src` has spoken, or if `dst` takes our message by a readied step (reading
+    or copying it without us). It finishes the send first where `dst` takes it the general
+    way."""
+    (publish_out, finish_out, spoken_out), (publish_in, finish_in, spoken_in) = sending, receiving
 
     def step(mine: Any, into: Any, n_sent: int,
              n_expected: int) -> bool | dict[int, bool | tuple[int, ...]]:
         if stale():
             return False
         out, come = publish_out(mine, n_sent, 0), publish_in(None, 0, n_expected)
-        received = finish_in(None, into, 0, n_expected, come)
-        sent = finish_out(mine, None, n_sent, 0, out)
+        answered: tuple[list[int], list[int]] = ([], [])  # (a peer's collective answered)
+
+        def send_first() -> bool | None:
+            """None until either peer has spoken; then whether the send goes first."""
+            if spoken_in(0, n_expected, come, answered[1]) != SILENT:
+                return False
+            way = spoken_out(n_sent, 0, out, answered[0])
+            return None if way == SILENT else way == GENERAL_WAY
+        chosen = [send_first()]
+        if chosen[0] is None:
+            def spoken() -> bool:
+                chosen[0] = send_first()
+                return chosen[0] is not None
+            wait(spoken, src, "a message")
+        if chosen[0]:
+            sent = finish_out(mine, None, n_sent, 0, out)
+            received = finish_in(None, into, 0, n_expected, come)
+        else:
+            received = finish_in(None, into, 0, n_expected, come)
+            sent = finish_out(mine, None, n_sent, 0, out)
         return True if sent is True and received is True else {dst: sent, src: received}
     return step
 

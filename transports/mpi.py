@@ -24,8 +24,9 @@ from typing import Any, Callable
 import numpy
 from mpi4py import MPI
 
-from .base import (CALL_LINE, MESSAGES, Exchange, Moved, Reads, ReduceOp, Transport, call_line,
-                   kept, ring_kinds, ring_step, segments, swapped_dtypes)
+from .base import (CALL_LINE, GENERAL_WAY, MESSAGES, READIED, SILENT, Exchange, Half, Moved,
+                   Reads, ReduceOp, Transport, call_line, kept, ring_kinds, ring_step, segments,
+                   swapped_dtypes)
 from .bootstrap import duplicated, nodes, start
 from .cuda import copy_bytes, pinned_empty, use_gpu
 from .errors import CollectiveError, InvalidArgumentError
@@ -319,7 +320,7 @@ class MPITransport(Transport):
         phases = self._pair_phases(peer, sent_bytes, expected_bytes, kind)
         if phases is None:
             return None
-        publish, finish = phases
+        publish, finish, _ = phases
 
         def step(mine: Any, into: Any, n_sent: int, n_expected: int) -> bool | tuple[int, ...]:
             return finish(mine, into, n_sent, n_expected, publish(mine, n_sent, n_expected))
@@ -333,15 +334,16 @@ class MPITransport(Transport):
         sending, receiving = ring_kinds(kind)
         out = self._pair_phases(dst, sent_bytes, None, sending)
         come = self._pair_phases(src, None, expected_bytes, receiving)
-        return None if out is None or come is None else ring_step(dst, out, src, come)
+        return None if out is None or come is None else ring_step(dst, out, src, come,
+                                                                  self.wait)
 
     def _pair_phases(self, peer: int, sent_bytes: int | None, expected_bytes: int | None,
-                     kind: tuple[int, int, int]) -> tuple[Callable[..., None],
-                                                          Callable[..., Any]] | None:
+                     kind: tuple[int, int, int]) -> Half | None:
         """The two halves of a readied step with `peer` (`prepare_pair_message`):
         `publish(mine, n_sent, n_expected)`, which writes the packet and starts both requests,
         and `finish(mine, into, n_sent, n_expected, _)`, which waits for them and takes the
-        peer's data: True, or the peer's words where they differ. None for messages larger
+        peer's data: True, or the peer's words where they differ; then `spoken`, for
+        `ring_step`: what the peer's packet is, without waiting. None for messages larger
         than a packet holds."""
         most = min(self.one_shot_bytes, PAIR_PACKET_BYTES)  # (what lands must fit: `_Landing`)
         if self.xp is not numpy or (sent_bytes, expected_bytes) == (None, None) \
@@ -363,8 +365,10 @@ class MPITransport(Transport):
         # between arrays of one dtype costs half one through a cast of bytes).
         held: list[Any] = [None, [receive, None]]
         typed: list[Any] = [None] * 4
+        landed_count: list[int | None] = [None]  # the size of a packet `spoken` took this call
 
         def publish(mine: Any, n_sent: int, n_expected: int) -> None:
+            landed_count[0] = None
             made = held[0]
             if made is None or made.freed:
                 made = held[0] = self._pair_packet(peer, size)
@@ -381,19 +385,22 @@ class MPITransport(Transport):
 
         def finish(mine: Any, into: Any, n_sent: int, n_expected: int,
                    _: None) -> bool | tuple[int, ...]:
-            polls = self.spin
-            while not receive.Test(status):  # a short spin first, as the one-shot exchange's
-                polls -= 1
-                if polls < 0:
-                    self.wait(lambda: receive.Test(status), peer, "a message")
-                    break
+            count, landed_count[0] = landed_count[0], None
+            if count is None:
+                polls = self.spin
+                while not receive.Test(status):  # a short spin first, as the one-shot
+                    polls -= 1                     # exchange's
+                    if polls < 0:
+                        self.wait(lambda: receive.Test(status), peer, "a message")
+                        break
+                count = status.Get_count(MPI.BYTE)
             send = held[0].send
             if not send.Test():
                 self._wait_all([send], peer, "its message to be taken")
             heard = PAIR_WORDS.unpack_from(landed, 0)
             if heard != (MESSAGES, n_expected, n_sent, c_expected, c_sent, mirrored):
                 return heard
-            if status.Get_count(MPI.BYTE) == PAIR_BYTES:  # its words alone: the data go the
+            if count == PAIR_BYTES:  # its words alone: the data go the
                 self.sendrecv(mine, None if mine is None else peer, into,  # general way
                               None if into is None else peer)
                 return True
@@ -404,7 +411,17 @@ class MPITransport(Transport):
                 into[...] = typed[3]
             tally()
             return True
-        return publish, finish
+
+        def spoken(n_sent: int, n_expected: int, _: None, __: list[int]) -> int:
+            """What the peer's packet is, without waiting (`ring_step`): one that has landed is
+            taken, and its size kept for `finish`. (Not `Request.Get_status`, which leaves it:
+            here the `Test` that completes a request so seen gives an empty status.)"""
+            if landed_count[0] is None:
+                if not receive.Test(status):
+                    return SILENT
+                landed_count[0] = status.Get_count(MPI.BYTE)
+            return GENERAL_WAY if landed_count[0] == PAIR_BYTES else READIED
+        return publish, finish, spoken
 
     def _all_inputs(self, buf: Any, call: tuple[int, ...] | None, reads: Reads | None = None,
                     into: Any | None = None) -> list[Any] | None:

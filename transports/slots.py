@@ -218,8 +218,9 @@ the general way is met there: once the check agrees, both messages move as that 
 they are read in place above the pair areas. A sendrecv with two peers (a ring shift,
 `prepare_ring_message`) is read in place from the same size too, each half on its own: the
 rank leaves its message in place for one peer and reads the other's, both published before
-either is waited for, and waits for its own to be read only after it has read (`ring_step`), so
-no rank of the ring waits on one that waits on it. Where ranks outnumber the cores, pairs and
+either is waited for, and waits for its own to be read only after it has read, so no rank of
+the ring waits on one that waits on it; but where its next rank takes its message the general
+way (a pipeline), it sends first (`ring_step`). Where ranks outnumber the cores, pairs and
 rings are read in place from CROWDED_DIRECT_BYTES, where the general way reads directly too:
 one publish carries the words and the address, where the general way checks first and
 announces after. Measured on 3 and 4 ranks sharing 2 cores (docs/performance.md, "Ring shifts
@@ -251,8 +252,9 @@ from typing import Any, Callable, Iterator, Protocol
 import numpy
 from mpi4py import MPI
 
-from .base import (CALL_WORDS, MESSAGES, Exchange, Moved, Reads, ReduceOp, Transport,
-                   buffer_address, call_line, kept, ring_kinds, ring_step, swapped_dtypes)
+from .base import (CALL_WORDS, GENERAL_WAY, MESSAGES, READIED, SILENT, Exchange, Half, Moved,
+                   Reads, ReduceOp, Transport, buffer_address, call_line, kept, ring_kinds,
+                   ring_step, swapped_dtypes)
 from .bootstrap import duplicated, on_one_node, start
 from .errors import CollectiveError, InvalidArgumentError, MismatchError, PeerFailedError
 from .shared_memory import SHM_DIR, free_bytes, read_peer_bytes, share_regions, write_peer_bytes
@@ -1178,7 +1180,7 @@ class SlotTransport(Transport):
         phases = self._pair_phases(peer, sent_bytes, expected_bytes, kind)
         if phases is None:
             return None
-        publish, finish = phases
+        publish, finish, _ = phases
 
         def step(mine: Any, into: Any, n_sent: int, n_expected: int) -> bool | tuple[int, ...]:
             if self._registered or self.pairs_read_from != reads_from:
@@ -1198,17 +1200,17 @@ class SlotTransport(Transport):
         if out is None or come is None:
             return None
         reads_from = self.pairs_read_from
-        return ring_step(dst, out, src, come,
+        return ring_step(dst, out, src, come, self.wait,
                          lambda: self._registered or self.pairs_read_from != reads_from)
 
     def _pair_phases(self, peer: int, sent_bytes: int | None, expected_bytes: int | None,
-                     kind: tuple[int, int, int], ring: bool = False
-                     ) -> tuple[Callable[..., int], Callable[..., Any]] | None:
+                     kind: tuple[int, int, int], ring: bool = False) -> Half | None:
         """The two halves of a readied step with `peer` (`prepare_pair_message`): `publish(mine,
         n_sent, n_expected)`, which writes the data (or where it lies) and the words, and
         returns the pair's turn; and `finish(mine, into, n_sent, n_expected, turn)`, which
         waits for the peer's words and takes its data: True, or the peer's words where they
-        differ (after a peer whose data lies elsewhere, True once taken from there). None
+        differ (after a peer whose data lies elsewhere, True once taken from there). Then
+        `spoken`, for `ring_step`: what the peer's words of a turn are, without waiting. None
         where the messages go neither through the pair areas nor in place. `ring`: a half of a
         ring shift's step (`prepare_ring_message`), read in place from the size a pair's
         messages are; a send or a recv alone never is (through the pair areas up to an area
@@ -1226,10 +1228,11 @@ class SlotTransport(Transport):
             how = INLINE
         else:
             return None
-        # Which road each call's message takes, where both can (see "Pair areas"): a road
-        # measured per kind of message, None where the road is fixed.
+        # Which road each call's message takes, where both can and every rank has a core (see
+        # "Pair areas"; as `self.roads`): a road measured per kind of message, None where the
+        # road is fixed.
         roads = None
-        if how == INLINE and reads_from is not None and sent_bytes is not None \
+        if how == INLINE and self.roads is not None and sent_bytes is not None \
                 and expected_bytes is not None \
                 and min(sent_bytes, expected_bytes) >= PAIR_ROADS_FROM:
             roads = kept(self.pair_roads, (peer, sent_bytes, expected_bytes), KEPT_EXCHANGES,
@@ -1246,6 +1249,7 @@ class SlotTransport(Transport):
             else (None, None)
         read_at = (self._share_line + peer) * WORDS + 3  # ours: we have read the peer's turn
         read_by = (self._share_line + self.rank) * WORDS + 3  # the peer's: it has read ours
+        published = PUBLISHED * WORDS  # the peer's one-shot turn (a collective: `spoken`)
         what = "read rank {}'s message"
         # What `_count` adds to `stats` for the two messages, summed once: a step is never
         # traced or watched (its caller takes those calls the general way).
@@ -1326,7 +1330,18 @@ class SlotTransport(Transport):
                     polls -= 1
             tally()
             return True
-        return publish, finish
+
+        def spoken(n_sent: int, n_expected: int, turn: int, answered: list[int]) -> int:
+            """What the peer's words of `turn` are, without waiting (`ring_step`); a peer in a
+            collective meanwhile is answered, as `_hear` answers it."""
+            line = hears[turn & 1]
+            if theirs[line] != turn and (theirs[published] <= self._one_shots  # (no collective)
+                                         or not self._answer_collective(
+                                             peer, (MESSAGES, n_sent, n_expected, c_sent,
+                                                    c_expected, dtypes), line, turn, answered)):
+                return SILENT
+            return READIED if theirs[line + 1] & MARKS else GENERAL_WAY
+        return publish, finish, spoken
 
     def _one_segment(self, sendbuf: Any | None, dst: int | None, recvbuf: Any | None,
                      src: int | None) -> None:
