@@ -114,10 +114,10 @@ def ring_step(dst: int, sending: Half, src: int, receiving: Half,
             return None if way == SILENT else way == GENERAL_WAY
         chosen = [send_first()]
         if chosen[0] is None:
-            def spoken() -> bool:
+            def either_spoken() -> bool:
                 chosen[0] = send_first()
                 return chosen[0] is not None
-            wait(spoken, src, "a message")
+            wait(either_spoken, src, "a message")
         if chosen[0]:
             sent = finish_out(mine, None, n_sent, 0, out)
             received = finish_in(None, into, 0, n_expected, come)

@@ -386,10 +386,10 @@ class MPITransport(Transport):
         def finish(mine: Any, into: Any, n_sent: int, n_expected: int,
                    _: None) -> bool | tuple[int, ...]:
             count, landed_count[0] = landed_count[0], None
-            if count is None:
-                polls = self.spin
-                while not receive.Test(status):  # a short spin first, as the one-shot
-                    polls -= 1                     # exchange's
+            if count is None:  # (not taken by `spoken`): a short spin first, as the
+                polls = self.spin  # one-shot exchange's
+                while not receive.Test(status):
+                    polls -= 1
                     if polls < 0:
                         self.wait(lambda: receive.Test(status), peer, "a message")
                         break
