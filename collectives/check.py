@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy
 
-from transports.base import MESSAGES, Transport, swapped_dtypes
+from transports.base import MESSAGES, Heard, Transport, swapped_dtypes
 from transports.errors import MismatchError
 
 from .ops import OPS
@@ -152,13 +152,13 @@ def _ranks(ranks: list[int]) -> str:
 # peer of a call (its dst, its src) a rank sends once six integers that describe the messages
 # between the two: the number (the k-th from that sender to that receiver), 1 + elements and
 # dtype of the message it sends the peer, and of the one it expects from it (0: none); and it
-# takes the peer's six in the same exchange. With one peer (a send, a recv, or a sendrecv to
-# and from one rank) that is a single exchange. With two, the first goes as the messages
-# themselves go (to dst, from src) and the second back, so the check waits in a circle only
-# where the messages would (a transport with lines of its own for the pair, `pair_inputs`,
-# makes both at once). Both ends then hold both descriptions of each message, and if they
-# differ (a count, a dtype, two ranks that both send, or both receive) both raise
-# MessagesDiffer (a MismatchError) before any data moves, in the same words, and can go on.
+# takes the peer's six (`Transport.say_pairs`: each transport carries them its own way). A
+# rank says its words to every peer of the call before it waits for any, so a check waits in
+# a circle only where the messages would. (A sendrecv with two peers moves the half whose
+# peer has come first: point_to_point.py, `two_peers`.) Both ends then hold both
+# descriptions of each message, and if they differ (a count, a dtype, two ranks that both
+# send, or both receive) both raise MessagesDiffer (a MismatchError) before any data of that
+# message moves, in the same words, and can go on.
 # The first word is never a call number, so the collectives' check and this one each tell the
 # other's description from their own: a rank in a collective meets a rank in a send, both say
 # so, and the collective takes back its call number (`Communicator._disagreement`). (On shm,
@@ -220,16 +220,24 @@ def mirrored(said: tuple[int, ...]) -> tuple[int, ...]:
     return (word, n_expected, n_sent, c_expected, c_sent, swapped_dtypes(dtypes))
 
 
-def pair_agree(transport: Transport, said: dict[int, tuple[int, ...]], dst: int | None,
-               src: int | None) -> None:
-    """Give each peer (`dst`, `src`) this rank's description of the messages between them,
-    `said[peer]`, and take the peer's; MessagesDiffer on both ends where any differ.
-    Uncounted and untraced: stats and traces show only the messages' data. A transport with
-    lines of its own for the pair (`pair_inputs`, slots.py) takes them, in one publish and
-    one wait; the others, its exchange."""
-    exchange = transport.pair_inputs
-    heard = exchange(said) if exchange is not None else _pair_exchange(transport, said, dst, src)
-    judge_pair(transport, said, heard)
+def pair_agree(transport: Transport, said: dict[int, tuple[int, ...]]) -> None:
+    """Give each peer this rank's description of the messages between them, `said[peer]`, and
+    take the peer's; MessagesDiffer on both ends where any differ. Uncounted and untraced:
+    stats and traces show only the messages' data."""
+    heard = transport.say_pairs(said)
+    judge_pair(transport, said, {peer: hear(transport, heard, peer) for peer in said})
+
+
+def hear(transport: Transport, heard: Heard, peer: int) -> tuple[int, ...]:
+    """`peer`'s words of a check whose own `say_pairs` gave `heard`, waiting for them."""
+    words = heard(peer)
+    if words is None:
+        phase, step = transport.phase, transport.step
+        transport.at("check")
+        transport.wait(lambda: heard(peer) is not None, peer, "a message")
+        transport.at(phase, step)
+        words = heard(peer)
+    return words
 
 
 def judge_pair(transport: Transport, said: dict[int, tuple[int, ...]],
@@ -254,29 +262,6 @@ def judge_pair(transport: Transport, said: dict[int, tuple[int, ...]],
 
 LEFT_WAITING = ("; on more than 2 ranks the collective's other ranks still wait for this "
                 "rank, so this communicator cannot go on (on shm it can)")
-
-
-def _pair_exchange(transport: Transport, said: dict[int, tuple[int, ...]], dst: int | None,
-                   src: int | None) -> dict[int, tuple[int, ...]]:
-    """`said[peer]` to each peer, by the transport's exchange, and each peer's six back."""
-    xp = transport.xp
-    order = [(dst, src), (src, dst)] if dst != src and None not in (dst, src) else \
-        [(dst, dst) if dst is not None else (src, src)]
-    heard = {}
-    # Out of `stats`, traces and the transfer hook, as `all_inputs(counted=False)` is.
-    stats, hooks = vars(transport.stats).copy(), (transport.trace, transport.on_transfer)
-    transport.trace = transport.on_transfer = None
-    try:
-        for step, (to, frm) in enumerate(order):
-            transport.at("check", step)
-            theirs = xp.empty(len(said[to]), xp.uint64)
-            transport.sendrecv(xp.array(said[to], xp.uint64), to, theirs, frm)
-            heard[frm] = tuple(theirs.tolist())
-    finally:
-        vars(transport.stats).update(stats)
-        transport.trace, transport.on_transfer = hooks
-    transport.at("")
-    return heard
 
 
 def _pair_problem(rank: int, peer: int, mine: tuple[int, ...], theirs: tuple[int, ...]) -> str:

@@ -30,13 +30,12 @@ from .arrays import flat_work, overlap, same_memory
 from .blocks import check_counts, every_input, exchanged, gathered, own_blocks, split
 from .broadcast import one_shot_broadcast, one_sided_broadcast, reads_from_root, ring_broadcast
 from .calls import collective, current_device, on_callers_stream
-from .check import (LEFT_WAITING, MESSAGES, MessagesDiffer, agree, descriptor, disagreement,
-                    pair_agree)
+from .check import LEFT_WAITING, MESSAGES, agree, descriptor, disagreement, pair_agree
 from .gather import gather_to_root, one_shot_gather
 from .hierarchical import hierarchical_all_reduce
 from .naive import naive_ring_all_reduce, reduce_broadcast_all_reduce
 from .ops import resolve_op
-from .point_to_point import Messages
+from .point_to_point import Messages, two_peers
 from .reduce import one_shot_reduce, reduce_to_root
 from .reduce_scatter import (one_shot_reduce_scatter, read_in_one_exchange,
                              ring_reduce_scatter, two_shot_reduce_scatter)
@@ -841,27 +840,20 @@ class Communicator:
     def _message(self, mine: Any | None, dst: int | None, into: Any | None,
                  src: int | None) -> None:
         """Move the flat `mine` to `dst` and into the flat `into` from `src` (either None):
-        numbered per peer, and checked by the pair before the data moves. What `_pair` does
-        once the arguments are known good, and the small-call lane too (small.py)."""
+        numbered per peer, and checked by the pair before the data moves (with two peers,
+        half by half: `two_peers`). What `_pair` does once the arguments are known good, and
+        the small-call lane too (small.py)."""
         transport = self._transport
         where, said = self._messages.describe(mine, dst, into, src)
         self._usable()
         self._in_flight = True
         transport.begin(where, phase="send" if src is None else "recv" if dst is None
                         else "sendrecv")
-        check = (lambda: pair_agree(transport, said, dst, src)) if self._checking else None
-        try:
-            transport.message(mine, dst, into, src, check)
-        except MessagesDiffer as differ:
-            # A sendrecv whose other pair agreed: that half still moves, and takes its number,
-            # since its peer raised nothing and waits for it; only the pair that differs raises.
-            to, frm = (dst if dst in differ.agreed else None), (src if src in differ.agreed
-                                                                else None)
-            if to is not None or frm is not None:
-                transport.sendrecv(None if to is None else mine, to,
-                                   None if frm is None else into, frm)
-                self._messages.count(to, frm)
-            raise
+        if self._checking and len(said) == 2:
+            two_peers(transport, said, mine, dst, into, src, self._messages.count)
+            return
+        transport.message(mine, dst, into, src,
+                          (lambda: pair_agree(transport, said)) if self._checking else None)
         self._messages.count(dst, src)
 
     def _in_turn(self, call: Callable[[], Any]) -> Any:

@@ -115,6 +115,16 @@ def test_a_ring_shift_read_in_place_meets_a_pipeline(rank_pool, reverse):
     assert [result["got"] for result in results] == pipeline_results(1 << 17, reverse)
 
 
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("count, traced", [(5, 0), (1 << 17, None), (1 << 17, 0)])
+def test_a_general_sendrecv_with_two_peers_meets_a_pipeline(run, count, traced, reverse):
+    """The same where rank 0's sendrecv takes the general path (traced; on the threads
+    transport always; on mpi above a packet): each half is checked by its own pair, and the
+    half whose peer comes first moves first (`point_to_point.two_peers`)."""
+    results = run("pipeline_case", 3, "auto", count=count, traced=traced, reverse=reverse)
+    assert [result["got"] for result in results] == pipeline_results(count, reverse)
+
+
 def test_pairs_take_no_measured_road_where_ranks_share_cores(rank_pool):
     """Where ranks share cores (shm without `roads`), a pair's sendrecv of 128 KiB goes
     through the pair areas every time: no kind of message times its roads, since its timings

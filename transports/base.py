@@ -12,8 +12,9 @@ message). Each transport overrides the raw moves `_sendrecv` and `_barrier`, and
 a shorter way, the defaults written here in the plain way: `_sendrecv_reduce` (receive into
 bounded scratch, then reduce), `_all_inputs` (the call's descriptor, then copies with every
 peer, in `_exchange`), `_isend` and `sends_ahead`, `recv_while`, `message`, `reduce_forward`,
-and the hooks `alongside`, `_send_reduced`, `check_first` and `checked`, `register`, `pair_inputs`,
-`pair_message`, `prepare_pair_message`, `check_thread` (all in docs/architecture.md, "Adding a
+and the hooks `alongside`, `_send_reduced`, `check_first` and `checked`, `register`,
+`pair_message`, `prepare_pair_message`, `check_thread`; and `say_pairs`, a message check's
+words, which each transport says its own way (all in docs/architecture.md, "Adding a
 transport").
 """
 
@@ -74,6 +75,8 @@ def ring_kinds(kind: tuple[int, int, int]) -> tuple[tuple[int, int, int], tuple[
 # general way (which moves ours only as this rank sends it).
 SILENT, READIED, GENERAL_WAY = 0, 1, 2
 Half = tuple[Callable[..., Any], Callable[..., Any], Callable[..., int]]
+# A peer's words of a message's check, once come (`Transport.say_pairs`).
+Heard = Callable[[int], tuple[int, ...] | None]
 
 
 def ring_step(dst: int, sending: Half, src: int, receiving: Half,
@@ -274,9 +277,6 @@ class Transport(ABC):
     # (slots.py, "Folded checks"), so that all raise and go on. Elsewhere only its peer in
     # the message hears it, and on more than 2 ranks the others still wait for it.
     answers_messages_met: bool = False
-    # A message's check in lines of the transport's own (`check.pair_agree`): a method
-    # `pair_inputs(said) -> heard` where it has one (slots.py, mpi.py), else None.
-    pair_inputs: Callable[[dict[int, tuple[int, ...]]], dict[int, tuple[int, ...]]] | None = None
     # A sendrecv with one peer, with its pair check, in one method where the transport has a
     # shortest way for it (slots.py's `pair_message`), else None.
     pair_message: Callable[..., bool | tuple[int, ...]] | None = None
@@ -772,6 +772,15 @@ class Transport(ABC):
     @abstractmethod
     def _barrier(self) -> None:
         """Raw barrier among more than one rank."""
+
+    @abstractmethod
+    def say_pairs(self, said: dict[int, tuple[int, ...]]) -> Heard:
+        """Give each peer of a message its six integers of the pair's check, `said[peer]`
+        (check.pair_agree), without waiting; returns `heard(peer)`, the peer's six for this
+        rank once they have come, else None, which never waits either (and the same six each
+        time, once come). A peer in a collective call meanwhile sends its call's descriptor
+        instead, which `heard` returns. Made so that a sendrecv with two peers can move the
+        half whose peer has come first (`point_to_point.two_peers`)."""
 
     def _sendrecv_reduce(self, sendbuf: Any | None, dst: int | None,
                          accbuf: Any, src: int, op: ReduceOp, inbuf: Any) -> None:

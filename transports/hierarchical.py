@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .base import Reads, ReduceOp, Transport
+from .base import Heard, Reads, ReduceOp, Transport
 from .errors import InvalidArgumentError
 
 
@@ -80,9 +80,6 @@ class HierarchicalTransport(Transport):
             part.stats = self.stats
         self.off_node = world.off_node = frozenset(range(self.size)) - set(node_ranks)
         across.off_node = frozenset(range(across.size)) - {across.rank}
-        # A message's check goes the world's way too, where it has one of its own
-        # (check.pair_agree; the mpi transport's has room for a collective's packet).
-        self.pair_inputs = world.pair_inputs
 
     @classmethod
     def over(cls, comm: Any = None, *, local: Callable[..., Transport],
@@ -187,6 +184,10 @@ class HierarchicalTransport(Transport):
 
     def _isend(self, buf: Any, dst: int) -> Callable[[], None]:
         return self.world._isend(buf, dst)
+
+    def say_pairs(self, said: dict[int, tuple[int, ...]]) -> Heard:
+        # (The mpi transport's words have room for a collective's packet.)
+        return self.world.say_pairs(said)
 
     def register(self, nbytes: int) -> Any:
         """In the node's memory, where its peers read it in place (shm): the hierarchical

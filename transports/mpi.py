@@ -24,9 +24,9 @@ from typing import Any, Callable
 import numpy
 from mpi4py import MPI
 
-from .base import (CALL_LINE, GENERAL_WAY, MESSAGES, READIED, SILENT, Exchange, Half, Moved,
-                   Reads, ReduceOp, Transport, call_line, kept, ring_kinds, ring_step, segments,
-                   swapped_dtypes)
+from .base import (CALL_LINE, GENERAL_WAY, MESSAGES, READIED, SILENT, Exchange, Half, Heard,
+                   Moved, Reads, ReduceOp, Transport, call_line, kept, ring_kinds, ring_step,
+                   segments, swapped_dtypes)
 from .bootstrap import duplicated, nodes, start
 from .cuda import copy_bytes, pinned_empty, use_gpu
 from .errors import CollectiveError, InvalidArgumentError
@@ -265,20 +265,26 @@ class MPITransport(Transport):
                     copy_bytes(scratch, landed)
                     op(inbuf[lo:hi], scratch, out=recvbuf[lo:hi])
 
-    def pair_inputs(self, said: dict[int, tuple[int, ...]]) -> dict[int, tuple[int, ...]]:
-        """Give each peer its six integers, `said[peer]`, and take its six (check.pair_agree),
-        all at once. Each lands where a one-shot packet would (`_Landing`), which has room for
-        any: a peer in a collective call sends its packet instead, whose first six words, its
-        call's descriptor, the check then names (a receive of six words alone would be cut
-        short, an MPI error on this rank)."""
+    def say_pairs(self, said: dict[int, tuple[int, ...]]) -> Heard:
+        """Each peer's words go as a message of their own, and the peer's land where a
+        one-shot packet would (`_Landing`), which has room for any: a peer in a collective call
+        sends its packet instead, whose first six words, its call's descriptor, `heard` then
+        returns (a receive of six words alone would be cut short, an MPI error on this rank).
+        Once the peer's have come, `heard` waits for ours to be taken too."""
         landing = self._landed().buffers
+        receives = {peer: self.comm.Irecv(_bytes(landing[peer]), peer, TAG) for peer in said}
         words = {peer: numpy.array(said[peer], numpy.uint64) for peer in said}
-        receives = [self.comm.Irecv(_bytes(landing[peer]), peer, TAG) for peer in said]
-        sends = [self.comm.Isend(_bytes(words[peer]), peer, TAG) for peer in said]
-        for peer, receive in zip(said, receives):
-            self._wait_all([receive], peer, "a message")
-        self._wait_all(sends, None, "its check to be taken")
-        return {peer: PAIR_WORDS.unpack_from(landing[peer], 0) for peer in said}
+        sends = {peer: self.comm.Isend(_bytes(words[peer]), peer, TAG) for peer in said}
+        got: dict[int, tuple[int, ...]] = {}
+
+        def heard(peer: int) -> tuple[int, ...] | None:
+            if peer not in got:
+                if not receives[peer].Test():
+                    return None
+                self._wait_all([sends[peer]], peer, "its check to be taken")
+                got[peer] = PAIR_WORDS.unpack_from(landing[peer], 0)
+            return got[peer]
+        return heard
 
     def pair_message(self, mine: Any, peer: int, into: Any, said: tuple[int, ...] | None,
                      expected: tuple[int, ...] | None) -> bool | tuple[int, ...]:

@@ -19,7 +19,7 @@ Each rank's host region holds
                            the input published there, and its address when it is read in
                            place
                 pair p t   two lines per peer, by turns: the six integers of a point-to-
-                           point check for peer p (`pair_inputs`), its number last
+                           point check for peer p (`say_pairs`), its number last
                 share p    one line per peer: for a shared message from p, which one and
                            where it lands; for ours to p, which one's part has landed;
                            the last pair turn whose message from p, read in place, this
@@ -170,7 +170,7 @@ as the lane.
 Folded checks. A call whose check is handed over (`check_first`) makes it in its first
 exchange: the rank first publishes what fits in its free slots, then checks (every rank's call
 descriptor through the one-shot lines, or a message's two ends through their pair lines,
-`pair_inputs`), and only then takes its peers' data. Its copy in overlaps the wait for the
+`say_pairs`), and only then takes its peers' data. Its copy in overlaps the wait for the
 others instead of following a check made apart. On a mismatch no data has been taken: each
 rank withdraws what it published, and raises. A rank whose message's check waits for a peer
 that has published a one-shot turn it has not (the peer is in a collective call) publishes
@@ -252,9 +252,9 @@ from typing import Any, Callable, Iterator, Protocol
 import numpy
 from mpi4py import MPI
 
-from .base import (CALL_WORDS, GENERAL_WAY, MESSAGES, READIED, SILENT, Exchange, Half, Moved,
-                   Reads, ReduceOp, Transport, buffer_address, call_line, kept, ring_kinds,
-                   ring_step, swapped_dtypes)
+from .base import (CALL_WORDS, GENERAL_WAY, MESSAGES, READIED, SILENT, Exchange, Half, Heard,
+                   Moved, Reads, ReduceOp, Transport, buffer_address, call_line, kept,
+                   ring_kinds, ring_step, swapped_dtypes)
 from .bootstrap import duplicated, on_one_node, start
 from .errors import CollectiveError, InvalidArgumentError, MismatchError, PeerFailedError
 from .shared_memory import SHM_DIR, free_bytes, read_peer_bytes, share_regions, write_peer_bytes
@@ -795,7 +795,7 @@ class SlotTransport(Transport):
         self._expect = [0] * size  # the slot of each peer to look at first for our next segment
         self._barriers = 0
         self._one_shots = 0
-        self._pairs = [0] * size  # pair checks made with each rank (`pair_inputs`)
+        self._pairs = [0] * size  # pair checks made with each rank (`say_pairs`)
         self._posts = [0] * size  # forwarded results from each rank posted for (push lines)
         self._pushes = [0] * size  # forwarded results pushed to each rank
         self._pending: Callable[[], None] | None = None  # the call's check, until made
@@ -1097,7 +1097,7 @@ class SlotTransport(Transport):
         if not self._slot_free():
             self.wait(self._slot_free, self._slot_holder(), "a free slot")
         self._publish(mine.view(numpy.uint8), peer, mine.nbytes)
-        if said is not None:  # `pair_inputs` for one peer
+        if said is not None:  # `say_pairs` for one peer
             heard = self._hear(peer, said, self._say(peer, said))
             if heard != expected:
                 self._withdraw(peer, 1)
@@ -1411,11 +1411,19 @@ class SlotTransport(Transport):
             self._occupant[j], self._next_slot = None, j
             self._sent[dst] -= 1
 
-    def pair_inputs(self, said: dict[int, tuple[int, ...]]) -> dict[int, tuple[int, ...]]:
-        """Give each peer its six integers, `said[peer]`, and take its six for this rank: one
-        publish and one wait per peer, in the pair lines (see "Folded checks")."""
+    def say_pairs(self, said: dict[int, tuple[int, ...]]) -> Heard:
+        """Each peer's words go in our pair line to it, and `heard` reads the peer's in its
+        line to us (see "Folded checks"); a peer in a collective call meanwhile is answered
+        with our words (`_answer_collective`)."""
         turns = {peer: self._say(peer, words) for peer, words in said.items()}
-        return {peer: self._hear(peer, words, turns[peer]) for peer, words in said.items()}
+        answered: dict[int, list[int]] = {peer: [] for peer in said}
+
+        def heard(peer: int) -> tuple[int, ...] | None:
+            line = self._pair_words(self.rank, turns[peer])
+            if not self._answer_collective(peer, said[peer], line, turns[peer], answered[peer]):
+                return None
+            return self._words(peer, line)
+        return heard
 
     def _say(self, peer: int, words: tuple[int, ...]) -> int:
         """Write `words` in our pair line to `peer`, for our next check with it: its turn."""
@@ -1426,16 +1434,20 @@ class SlotTransport(Transport):
         return turn
 
     def _hear(self, peer: int, words: tuple[int, ...], turn: int) -> tuple[int, ...]:
-        """`peer`'s words of check `turn` (without the INLINE mark: "Pair areas"), once it
-        has written them; a peer in a collective call meanwhile is answered with ours,
-        `words` (`_answer_collective`)."""
+        """`peer`'s words of check `turn`, once it has written them; a peer in a collective
+        call meanwhile is answered with ours, `words` (`_answer_collective`)."""
         line = self._pair_words(self.rank, turn)
         if self._ctl[peer][line] != turn:
             answered: list[int] = []
             self.wait(lambda: self._answer_collective(peer, words, line, turn, answered), peer,
                       "a message")
+        return self._words(peer, line)
+
+    def _words(self, peer: int, line: int) -> tuple[int, ...]:
+        """The six words in `peer`'s pair line at `line`, without the marks of where its data
+        lies ("Pair areas"; `_through_pair_lines` looks at them)."""
         heard = PAIR_WORDS.unpack_from(self._ctl_bytes[peer], (line + 1) * 8)
-        if heard[0] & MARKS:  # (where the peer's data lies: `_through_pair_lines` looks)
+        if heard[0] & MARKS:
             return (heard[0] & ~MARKS, *heard[1:])
         return heard
 
@@ -1960,7 +1972,7 @@ class SlotTransport(Transport):
     def _answer_collective(self, peer: int, words: tuple[int, ...], line: int, turn: int,
                            answered: list[int]) -> bool:
         """Whether `peer`'s pair line at `line` has come for `turn`, while a message's check
-        (`pair_inputs`, our `words`) waits for it. Meanwhile, if `peer` has published a
+        (`say_pairs`, our `words`) waits for it. Meanwhile, if `peer` has published a
         one-shot turn that this rank has not, it is in a collective call: publish that turn
         too, once (`answered`), with the check's words as our call line, so that the peer
         raises, having answered the check (`_answer_messages`). The pair line is read again

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy
 
-from .base import Transport
+from .base import Heard, Transport
 from .errors import MismatchError, PeerFailedError
 
 
@@ -50,27 +50,41 @@ class ThreadTransport(Transport):
         if sendbuf is not None:
             self.group.mailboxes[(self.rank, dst)].put(sendbuf.copy())
         if recvbuf is not None:
-            box = self.group.mailboxes[(src, self.rank)]
-            message = None
+            self.wait(lambda: self._take(src, recvbuf), src, "a message")
 
-            def arrived() -> bool:
-                nonlocal message
-                if self.group.failed.is_set():
-                    raise PeerFailedError(f"rank {self.named(self.rank)}: another rank failed "
-                                          f"while this one waited for rank {self.named(src)}"
-                                          f"{self.during()}")
-                try:
-                    message = box.get(timeout=0.001)
-                    return True
-                except queue.Empty:
-                    return False
+    def say_pairs(self, said: dict[int, tuple[int, ...]]) -> Heard:
+        """Each peer's words go in its mailbox, and `heard` takes the peer's from ours, as
+        messages: they arrive before the data that follows them."""
+        for peer, words in said.items():
+            self.group.mailboxes[(self.rank, peer)].put(numpy.array(words, numpy.uint64))
+        got: dict[int, tuple[int, ...]] = {}
 
-            self.wait(arrived, src, "a message")
-            if message.nbytes != recvbuf.nbytes:
-                raise MismatchError(f"rank {self.named(self.rank)} expected {recvbuf.nbytes} "
-                                    f"bytes from rank {self.named(src)} but got "
-                                    f"{message.nbytes}{self.during()}")
-            recvbuf[...] = message.view(recvbuf.dtype)
+        def heard(peer: int) -> tuple[int, ...] | None:
+            if peer not in got:
+                theirs = numpy.empty(len(said[peer]), numpy.uint64)
+                if not self._take(peer, theirs):
+                    return None
+                got[peer] = tuple(theirs.tolist())
+            return got[peer]
+        return heard
+
+    def _take(self, src: int, recvbuf: Any) -> bool:
+        """Whether the next message from `src` has come, taken into `recvbuf` if so; waits a
+        millisecond at most."""
+        if self.group.failed.is_set():
+            raise PeerFailedError(f"rank {self.named(self.rank)}: another rank failed "
+                                  f"while this one waited for rank {self.named(src)}"
+                                  f"{self.during()}")
+        try:
+            message = self.group.mailboxes[(src, self.rank)].get(timeout=0.001)
+        except queue.Empty:
+            return False
+        if message.nbytes != recvbuf.nbytes:
+            raise MismatchError(f"rank {self.named(self.rank)} expected {recvbuf.nbytes} "
+                                f"bytes from rank {self.named(src)} but got "
+                                f"{message.nbytes}{self.during()}")
+        recvbuf[...] = message.view(recvbuf.dtype)
+        return True
 
     def _barrier(self) -> None:
         """Dissemination: in round k, signal rank + 2^k and wait for rank - 2^k.
