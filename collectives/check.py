@@ -171,8 +171,8 @@ _MESSAGE_FIELDS = ("number", "count", "dtype")
 class MessagesDiffer(MismatchError):
     """The two ends of a message described it differently: both raise it, and neither has
     sent or received any of its data, so the communicator can go on. `agreed`: the peers
-    whose messages with this rank were described alike (a sendrecv's other half, which its
-    caller still moves: that peer raises nothing, and waits for it)."""
+    whose messages with this rank were described alike and have not moved yet (a sendrecv's
+    other half, which its caller still moves: that peer raises nothing, and waits for it)."""
 
     def __init__(self, message: str, agreed: tuple[int, ...] = ()) -> None:
         super().__init__(message)

@@ -19,7 +19,8 @@ from typing import Any, Callable, Iterator
 import numpy
 
 from transports.base import Reads, Stats, Transport
-from transports.errors import CollectiveError, InvalidArgumentError, InvalidTypeError
+from transports.errors import (CollectiveError, InvalidArgumentError, InvalidTypeError,
+                              MismatchError)
 
 from .all_gather import one_shot_all_gather, ring_all_gather
 from .all_reduce import (auto_algorithm, one_shot_all_reduce, reduce_scatter_all_gather,
@@ -832,7 +833,14 @@ class Communicator:
         into, copied = (None, False) if recvbuf is None else flat_work(recvbuf, xp)
         if mine is not None and into is not None and xp.may_share_memory(mine, into):
             mine = mine.copy()  # in place: what arrives lands where the message is yet to leave
-        self._message(mine, dst, into, src)
+        received = None if src is None else self._messages.received[src]
+        try:
+            self._message(mine, dst, into, src)
+        except MismatchError:
+            # (A sendrecv whose recv agreed and moved, while its send's pair differed.)
+            if copied and self._messages.received[src] != received:
+                recvbuf[...] = into.reshape(recvbuf.shape)
+            raise
         if copied:
             recvbuf[...] = into.reshape(recvbuf.shape)
         return recvbuf

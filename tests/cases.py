@@ -476,6 +476,32 @@ def pipeline_case(comm: Any, count: int, traced: int | None = None,
     return {"got": got}
 
 
+def half_differs_case(comm: Any, first: str) -> dict:
+    """On 3 ranks, rank 0's sendrecv (to rank 1, from rank 2, into a strided recvbuf: the
+    general path) whose other pair differs in count, the agreeing half's peer coming first
+    (`first`: "send", rank 1 receives at once and rank 2 later sends one element more;
+    "recv", rank 2 sends at once and rank 1 later receives one element more). What each
+    rank raised or received (rank 0: both), then a ring shift made afterwards."""
+    rank, size, count = comm.rank, comm.size, 5
+    late = 0.3  # seconds: the other pair comes after `two_peers` has stopped waiting for it
+    raised, got = None, None
+    try:
+        if rank == 0:
+            got = numpy.zeros(2 * count)[::2]
+            comm.sendrecv(values(0, count, "float64"), 1, got, 2)
+        elif rank == 1:
+            time.sleep(late if first == "recv" else 0)
+            got = comm.recv(numpy.zeros(count + (first == "recv")), 0)
+        else:
+            time.sleep(late if first == "send" else 0)
+            comm.send(values(2, count + (first == "send"), "float64"), 0)
+    except MismatchError as error:
+        raised = str(error)
+    after = comm.sendrecv(values(rank, 3, "int32"), (rank + 1) % size, src=(rank - 1) % size)
+    return {"raised": raised, "got": None if got is None else got.tolist(),
+            "after": after.tolist()}
+
+
 def crowded_pair_roads_case(comm: Any) -> dict:
     """Sendrecvs of 128 KiB with one peer as where ranks share cores (no `roads`; pairs read in
     place only from above a pair area): what each received, and how many kinds of message

@@ -125,6 +125,29 @@ def test_a_general_sendrecv_with_two_peers_meets_a_pipeline(run, count, traced, 
     assert [result["got"] for result in results] == pipeline_results(count, reverse)
 
 
+@pytest.mark.parametrize("first", ["send", "recv"])
+def test_a_general_sendrecv_moves_the_half_that_agrees_when_the_other_differs(run, first):
+    """Rank 0's sendrecv with two peers, on the general path, where one pair agrees and its
+    peer comes first while the other pair's count differs: the agreeing half moves (alone,
+    before the other has come: `two_peers`), the other raises on both its ends, rank 0's
+    strided recvbuf holds what it received, and the next ring shift is right everywhere."""
+    results = run("half_differs_case", 3, "auto", first=first)
+    zeros, five = [0.0] * 5, [values(r, 5, "float64").tolist() for r in range(3)]
+    differs = ("rank 2 sends message #N (count 6, float64) to rank 0, but rank 0 receives "
+               "message #N (count 5, float64) from rank 2; the count differs" if first == "send"
+               else "rank 0 sends message #N (count 5, float64) to rank 1, but rank 1 receives "
+               "message #N (count 6, float64) from rank 0; the count differs")
+    for rank, result in enumerate(results):
+        assert result["after"] == values((rank - 1) % 3, 3, "int32").tolist(), result
+    said = [re.sub(r"#\d+", "#N", result["raised"] or "") for result in results]
+    other, agreeing = (2, 1) if first == "send" else (1, 2)
+    assert said[0] == f"rank 0: {differs}" and said[other] == f"rank {other}: {differs}", said
+    assert results[agreeing]["raised"] is None
+    assert results[0]["got"] == (zeros if first == "send" else five[2])
+    if first == "send":
+        assert results[1]["got"] == five[0]
+
+
 def test_pairs_take_no_measured_road_where_ranks_share_cores(rank_pool):
     """Where ranks share cores (shm without `roads`), a pair's sendrecv of 128 KiB goes
     through the pair areas every time: no kind of message times its roads, since its timings

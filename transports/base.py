@@ -454,7 +454,8 @@ class Transport(ABC):
 
     def message(self, sendbuf: Any | None, dst: int | None, recvbuf: Any | None,
                 src: int | None, check: Callable[[], None] | None) -> None:
-        """A point-to-point call's `sendrecv`, with its pair `check` (None: unchecked) made
+        """A point-to-point call's `sendrecv`, with its pair `check` (None: unchecked, or
+        checked already, as the halves of a sendrecv with two peers are: `two_peers`) made
         first, before any data is taken (`check_first`): a MismatchError from it leaves no
         data taken, nothing counted in `stats`, and what was sent withdrawn. A transport
         with a shorter way for a small message overrides this."""

@@ -167,12 +167,16 @@ class MPITransport(Transport):
         try:
             super().wait(ready, peer, what, late)
         except MPI.Exception as error:
-            raise CollectiveError(
-                f"rank {self.named(self.rank)}: MPI reported an error while this rank waited "
-                f"for {what}" + (f" from rank {self.named(peer)}" if peer is not None else "")
-                + self.during()
-                + " (with the check off, a message longer than its receive buffer; or one of "
-                  "a peer that gave up on a call)") from error
+            raise self._reported(error, peer, what) from error
+
+    def _reported(self, error: MPI.Exception, peer: int | None, what: str) -> CollectiveError:
+        """An error MPI reported while this rank waited for `what` from `peer`, as ringcc's."""
+        return CollectiveError(
+            f"rank {self.named(self.rank)}: MPI reported an error while this rank waited "
+            f"for {what}" + (f" from rank {self.named(peer)}" if peer is not None else "")
+            + self.during()
+            + " (with the check off, a message longer than its receive buffer; or one of "
+              "a peer that gave up on a call)")
 
     def _ready(self) -> None:
         """Before MPI reads or writes device memory, let the kernels queued on it finish."""
@@ -279,8 +283,11 @@ class MPITransport(Transport):
 
         def heard(peer: int) -> tuple[int, ...] | None:
             if peer not in got:
-                if not receives[peer].Test():
-                    return None
+                try:
+                    if not receives[peer].Test():
+                        return None
+                except MPI.Exception as error:
+                    raise self._reported(error, peer, "a message") from error
                 self._wait_all([sends[peer]], peer, "its check to be taken")
                 got[peer] = PAIR_WORDS.unpack_from(landing[peer], 0)
             return got[peer]

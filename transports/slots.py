@@ -169,11 +169,11 @@ as the lane.
 
 Folded checks. A call whose check is handed over (`check_first`) makes it in its first
 exchange: the rank first publishes what fits in its free slots, then checks (every rank's call
-descriptor through the one-shot lines, or a message's two ends through their pair lines,
-`say_pairs`), and only then takes its peers' data. Its copy in overlaps the wait for the
-others instead of following a check made apart. On a mismatch no data has been taken: each
-rank withdraws what it published, and raises. A rank whose message's check waits for a peer
-that has published a one-shot turn it has not (the peer is in a collective call) publishes
+descriptor through the one-shot lines, or the two ends of a message with one peer through their
+pair lines, `say_pairs`), and only then takes its peers' data. Its copy in overlaps the wait
+for the others instead of following a check made apart. On a mismatch no data has been taken:
+each rank withdraws what it published, and raises. A rank whose message's check waits for a
+peer that has published a one-shot turn it has not (the peer is in a collective call) publishes
 that turn too, the check's six integers as its call line; the peer, seeing them, answers the
 check with its call's descriptor (`_answer_collective`, `_answer_messages`). Both then raise,
 having taken each other's turn, so the next call of each lines up.

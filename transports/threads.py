@@ -62,21 +62,22 @@ class ThreadTransport(Transport):
         def heard(peer: int) -> tuple[int, ...] | None:
             if peer not in got:
                 theirs = numpy.empty(len(said[peer]), numpy.uint64)
-                if not self._take(peer, theirs):
+                if not self._take(peer, theirs, 0.0):
                     return None
                 got[peer] = tuple(theirs.tolist())
             return got[peer]
         return heard
 
-    def _take(self, src: int, recvbuf: Any) -> bool:
-        """Whether the next message from `src` has come, taken into `recvbuf` if so; waits a
-        millisecond at most."""
+    def _take(self, src: int, recvbuf: Any, most: float = 0.001) -> bool:
+        """Whether the next message from `src` has come, taken into `recvbuf` if so; waits
+        `most` seconds at most."""
         if self.group.failed.is_set():
             raise PeerFailedError(f"rank {self.named(self.rank)}: another rank failed "
                                   f"while this one waited for rank {self.named(src)}"
                                   f"{self.during()}")
         try:
-            message = self.group.mailboxes[(src, self.rank)].get(timeout=0.001)
+            box = self.group.mailboxes[(src, self.rank)]
+            message = box.get(timeout=most) if most else box.get_nowait()
         except queue.Empty:
             return False
         if message.nbytes != recvbuf.nbytes:
