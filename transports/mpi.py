@@ -167,9 +167,9 @@ class MPITransport(Transport):
         try:
             super().wait(ready, peer, what, late)
         except MPI.Exception as error:
-            raise self._reported(error, peer, what) from error
+            raise self._reported(peer, what) from error
 
-    def _reported(self, error: MPI.Exception, peer: int | None, what: str) -> CollectiveError:
+    def _reported(self, peer: int | None, what: str) -> CollectiveError:
         """An error MPI reported while this rank waited for `what` from `peer`, as ringcc's."""
         return CollectiveError(
             f"rank {self.named(self.rank)}: MPI reported an error while this rank waited "
@@ -287,7 +287,7 @@ class MPITransport(Transport):
                     if not receives[peer].Test():
                         return None
                 except MPI.Exception as error:
-                    raise self._reported(error, peer, "a message") from error
+                    raise self._reported(peer, "a message") from error
                 self._wait_all([sends[peer]], peer, "its check to be taken")
                 got[peer] = PAIR_WORDS.unpack_from(landing[peer], 0)
             return got[peer]
