@@ -276,12 +276,14 @@ def mismatch_case(comm: Any, what: str) -> dict:
     return {"result": message, "after": after, "stats": vars(comm.stats).copy()}
 
 
-def mixed_paths_case(comm: Any) -> dict:
+def mixed_paths_case(comm: Any, extra: int = 0) -> dict:
     """Pairs of sendrecv, then a send and its recv each way, between ranks 0 and 1 where one
     rank traces (the general path) and the other does not (the lane, and a transport's
     shortest way for a pair), then where neither does: they must meet as they do on one
-    path, agreeing, and disagreeing. Returns what each rank received, its stats, and the
-    messages the transport readied steps for (small.py, `_step_message`)."""
+    path, agreeing, and disagreeing. Every message has `extra` elements more (past the
+    largest packet of a step on mpi, its data move apart from its words). Returns what each
+    rank received, its stats, and the messages the transport readied steps for (small.py,
+    `_step_message`)."""
     rank, got = comm.rank, []
     if rank > 1:
         return {"got": got, "stats": vars(comm.stats).copy()}
@@ -289,25 +291,29 @@ def mixed_paths_case(comm: Any) -> dict:
     for trial in range(6):
         traced = trial < 4 and rank == trial % 2
         with comm.trace() if traced else contextlib.nullcontext():
-            got.append(comm.sendrecv(values(rank + trial, 5, "float64"), peer).tolist())
+            got.append(comm.sendrecv(values(rank + trial, 5 + extra, "float64"),
+                                     peer).tolist())
             try:
-                comm.sendrecv(numpy.ones(3 + rank), peer, numpy.empty(3 + rank))
+                comm.sendrecv(numpy.ones(3 + rank + extra), peer,
+                              numpy.empty(3 + rank + extra))
             except Exception as error:  # noqa: BLE001 - what the rank raised is the result
                 got.append(type(error).__name__)
             for sender in (0, 1):
                 if rank == sender:
-                    comm.send(values(rank + trial, 4, "float64"), peer)
+                    comm.send(values(rank + trial, 4 + extra, "float64"), peer)
                 else:
-                    got.append(comm.recv(numpy.empty(4), peer).tolist())
+                    got.append(comm.recv(numpy.empty(4 + extra), peer).tolist())
             try:
                 if rank == 0:
-                    comm.send(numpy.ones(2), peer)
+                    comm.send(numpy.ones(2 + extra), peer)
                 else:
-                    comm.recv(numpy.empty(3), peer)
+                    comm.recv(numpy.empty(3 + extra), peer)
             except Exception as error:  # noqa: BLE001 - what the rank raised is the result
                 got.append(type(error).__name__)
     stepped = sorted({key[0] for key, kind in comm._small_calls.items()
-                      if key[0] in ("send", "recv", "sendrecv") and kind is not None})
+                      if key[0] in ("send", "recv", "sendrecv") and kind is not None
+                      and next(part for part in key if type(part) is tuple)[0] > extra})
+    # (the sizes: a pool's ranks keep the kinds of earlier cases)
     return {"got": got, "stats": vars(comm.stats).copy(), "stepped": stepped,
             "transport": comm.transport}
 
@@ -540,14 +546,15 @@ def messages_of_many_sizes_case(comm: Any, sizes: int) -> dict:
     return {"got": got}
 
 
-def collective_met_case(comm: Any, collective: str) -> dict:
+def collective_met_case(comm: Any, collective: str, count: int = 3) -> dict:
     """On 2 ranks, rank 0 makes a collective call (`collective`: "barrier", "all_reduce", or
-    "large all_reduce", past the one-shot) while rank 1 receives from it; each returns what it
-    raised, then the results of a barrier, an all-reduce and a sendrecv made afterwards."""
+    "large all_reduce", past the one-shot) while rank 1 receives `count` float64 from it;
+    each returns what it raised, then the results of a barrier, an all-reduce and a sendrecv
+    made afterwards."""
     message = None
     try:
         if comm.rank == 1:
-            comm.recv(numpy.zeros(3), 0)
+            comm.recv(numpy.zeros(count), 0)
         elif collective == "barrier":
             comm.barrier()
         else:

@@ -52,22 +52,24 @@ def test_both_ends_of_a_mismatched_message_raise_and_go_on(run, what, message):
         assert result["stats"]["bytes_sent"] == 3 * 4, "a mismatched message sent data"
 
 
-def test_a_pair_on_the_general_path_meets_one_on_the_shortest_way(run):
+@pytest.mark.parametrize("extra", [0, 1 << 14])
+def test_a_pair_on_the_general_path_meets_one_on_the_shortest_way(run, extra):
     """A traced rank takes the general path, an untraced one the lane and the transport's
-    shortest way for a pair (on mpi, the check's words and the data in one message; on shm,
-    for a send and its recv too, the pair areas): they meet, agree, disagree and count
-    alike; and two untraced ones, both the shortest way."""
-    for rank, result in enumerate(run("mixed_paths_case", 3, "auto")):
+    shortest way for a pair (on mpi, the check's words and the data in one message, or
+    with `extra`, 128 KiB more, the words and then the data straight from the caller's
+    buffers; on shm, for a send and its recv too, the pair areas): they meet, agree,
+    disagree and count alike; and two untraced ones, both the shortest way."""
+    for rank, result in enumerate(run("mixed_paths_case", 3, "auto", extra=extra)):
         if rank == 2:
             continue
         peer = 1 - rank
         expected = []
         for trial in range(6):
-            expected += [values(peer + trial, 5, "float64").tolist(), "MismatchError",
-                         values(peer + trial, 4, "float64").tolist(), "MismatchError"]
-        assert result["got"] == expected, result["got"]
+            expected += [values(peer + trial, 5 + extra, "float64").tolist(), "MismatchError",
+                         values(peer + trial, 4 + extra, "float64").tolist(), "MismatchError"]
+        assert result["got"] == expected, [str(got)[:80] for got in result["got"]]
         for key in ("bytes_sent", "bytes_received"):
-            assert result["stats"][key] == 6 * (5 + 4) * 8, result["stats"]
+            assert result["stats"][key] == 6 * (5 + 4 + 2 * extra) * 8, result["stats"]
         assert result["stats"]["messages"] == 6 * 2, result["stats"]
         # (Where the transport readies steps, the untraced calls took them.)
         assert result["stepped"] == (["recv", "send", "sendrecv"]
@@ -94,16 +96,18 @@ def pipeline_results(count: int, reverse: bool) -> list[list[list[float]]]:
 
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("traced", [None, 1])
-@pytest.mark.parametrize("transport", ["shm", "mpi"])
-def test_a_sendrecv_with_two_peers_meets_a_pipeline(rank_pool, transport, traced, reverse):
+@pytest.mark.parametrize("transport, count", [("shm", 5), ("mpi", 5), ("mpi", 12 << 10)])
+def test_a_sendrecv_with_two_peers_meets_a_pipeline(rank_pool, transport, count, traced,
+                                                    reverse):
     """On 3 ranks, rank 0's sendrecv (to rank 1, from rank 2), by the step its transport
     readies for two peers, meets ranks that receive and send alone, rank 1 on the general path
     or not: in a pipeline the step's send must go first (rank 2 sends to it only once rank 1
     has passed its message on), reversed its recv. Each order alone deadlocks one of them
-    (`ring_step`)."""
-    results = rank_pool.run("pipeline_case", 3, transport, "auto", count=5, traced=traced,
+    (`ring_step`). On mpi, 96 KiB: rank 0's halves go in packets while a message with one
+    peer that large sends its words alone and then its data (`mpi.PAIR_DIRECT_BYTES`)."""
+    results = rank_pool.run("pipeline_case", 3, transport, "auto", count=count, traced=traced,
                             reverse=reverse)
-    assert [result["got"] for result in results] == pipeline_results(5, reverse)
+    assert [result["got"] for result in results] == pipeline_results(count, reverse)
 
 
 @pytest.mark.parametrize("reverse", [False, True])
@@ -355,25 +359,27 @@ def test_empty_messages_are_checked_but_move_nothing():
                           else c.recv(numpy.zeros(1), 0), 2, timeout=TIMEOUT)
 
 
+@pytest.mark.parametrize("count", [3, 1 << 14])
 @pytest.mark.parametrize("collective", ["barrier", "all_reduce", "large all_reduce"])
 @pytest.mark.parametrize("where", ["threads", "mpi", "shm"])
 def test_a_receive_met_by_a_collective_raises_on_both_and_both_go_on(rank_pool, where,
-                                                                     collective):
+                                                                     collective, count):
     """Each check meets the other's description (on mpi, where a collective's packet is
-    longer than a message's check; on shm, where each answers the other's line), both
-    raise, and the collective takes back its number: a barrier, an all-reduce and a
-    sendrecv then work."""
+    longer than a message's check, and a large recv's words go alone; on shm, where each
+    answers the other's line), both raise, and the collective takes back its number: a
+    barrier, an all-reduce and a sendrecv then work."""
     if where == "threads":
-        results = collectives.spawn(lambda comm: cases.collective_met_case(comm, collective), 2,
-                                    timeout=TIMEOUT)
+        results = collectives.spawn(
+            lambda comm: cases.collective_met_case(comm, collective, count), 2, timeout=TIMEOUT)
     else:
-        results = rank_pool.run("collective_met_case", 2, where, collective=collective)
+        results = rank_pool.run("collective_met_case", 2, where, collective=collective,
+                                count=count)
     name = collective.split()[-1]
     said = [re.sub(r"#\d+", "#N", result["result"]) for result in results]
     assert said[0].startswith("MismatchError: rank 0: ranks disagree: rank 1 called recv #N "
-                              f"(count 3, float64), but rank 0 called {name} #N"), said[0]
-    assert said[1] == ("MismatchError: rank 1: rank 1 calls recv #N (count 3, float64) with "
-                       "rank 0, which makes a collective call"), said[1]
+                              f"(count {count}, float64), but rank 0 called {name} #N"), said[0]
+    assert said[1] == (f"MismatchError: rank 1: rank 1 calls recv #N (count {count}, float64) "
+                       "with rank 0, which makes a collective call"), said[1]
     for rank, result in enumerate(results):
         numpy.testing.assert_array_equal(result["total"], values(0, 5, "float64")
                                          + values(1, 5, "float64"))

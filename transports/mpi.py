@@ -38,10 +38,17 @@ PAIR_BYTES = PAIR_WORDS.size
 # much, in front of its data: so its peer knows it from the general way's words alone. (It
 # still fits where it lands: `_Landing` has room for a one-shot header, a word more.)
 ONE_WAY_MARK_BYTES = 8
-# Messages of a pair up to this size go with the check's words in one packet (`pair_message`):
-# above it, copying the data into the packet and out of it costs more than the second round
-# trip saves (2 ranks here: 128 KiB 49 us against 56, 512 KiB 140 against 103).
+# Messages of a pair up to this size may go with the check's words in one packet
+# (`pair_message`): above it, copying the data into the packet and out of it costs more than
+# the second round trip saves (2 ranks here: 128 KiB 49 us against 56, 512 KiB 140 against
+# 103). The packet's persistent send is MPI's slow road for large messages, though (a bare
+# loop of them, 2 ranks: 64 KiB 34 us, 1 MiB 390, where an Isend and Irecv took 16 and 142):
+# so a step with one peer sends larger messages than PAIR_DIRECT_BYTES straight from the
+# caller's buffer, once the words have agreed (docs/performance.md, "Messages on the mpi
+# transport moved straight": on 2 ranks a 16 KiB sendrecv took 9.9-10.1 us so, 10.7-10.9 by
+# the packet; 8 KiB 9.4-9.6 so, 8.9 by the packet).
 PAIR_PACKET_BYTES = 128 << 10
+PAIR_DIRECT_BYTES = 8 << 10
 KEPT_SIZES = 8  # one-shot packet sizes whose persistent sends are kept, and kinds of input
 NO_DATA = numpy.empty(0, numpy.uint8)  # a one-shot exchange's input when only its header goes
 
@@ -295,8 +302,8 @@ class MPITransport(Transport):
 
     def pair_message(self, mine: Any, peer: int, into: Any, said: tuple[int, ...] | None,
                      expected: tuple[int, ...] | None) -> bool | tuple[int, ...]:
-        """A checked sendrecv with one `peer` of at most PAIR_PACKET_BYTES each way, in one
-        message each way (`prepare_pair_message`, whose step this makes for the one call).
+        """A checked sendrecv with one `peer`, in one message each way up to PAIR_DIRECT_BYTES,
+        in two above (`prepare_pair_message`, whose step this makes for the one call).
         `expected` is what `said` mirrors (`check.pair_said`). True once moved and counted;
         False, having done nothing, for a message `message` must take; or the peer's words
         where they differ from `expected`, having taken nothing (a peer that disagrees takes
@@ -313,14 +320,19 @@ class MPITransport(Transport):
         `sent_bytes` and `expected_bytes` whose description is `kind` (`check.pair_kind`):
         `step(mine, into, n_sent, n_expected)`, where `message` makes the check and the data
         two exchanges. A send alone (`expected_bytes` None, `into` None) or a recv alone
-        (`sent_bytes` None, `mine` None) goes the same way. None for messages larger than a
-        packet holds.
+        (`sent_bytes` None, `mine` None) goes the same way. None for messages of no data.
 
-        Each way is one message: the pair's six words with the data behind them, landing where
-        a one-shot packet does (`_Landing`, room for any: the receive is the one-shot
-        exchange's from this peer, the same buffer and tag); a recv alone sends its words
-        alone. The packet and its persistent send are kept per peer and size, as the
-        one-shot's are; what stays from call to call is found here, so that a call writes
+        Up to PAIR_DIRECT_BYTES each way is one message: the pair's six words with the data
+        behind them, landing where a one-shot packet does (`_Landing`, room for any: the
+        receive is the one-shot exchange's from this peer, the same buffer and tag); a recv
+        alone sends its words alone. Larger messages send the words alone, then, once the
+        peer's have agreed, the data straight from and into the caller's buffers, as the
+        general way does (so it meets a peer on either way), without its Python (2 ranks, 512
+        KiB: 165-173 us a call by the general way, 103-106 so; MPICH's 81-87). A peer whose
+        packet carried its data (a ring's half, which keeps packets up to PAIR_PACKET_BYTES)
+        hears the words alone and sends its data again the general way, where this step takes
+        them. The packet and its persistent send are kept per peer and size, as the one-shot's
+        are; what stays from call to call is found here, so that a call writes
         its two numbers and copies its data in and out (an 8 B sendrecv on 2 ranks took
         22.0-22.3 us with the step made anew each call, 12.7-12.9 so: docs/performance.md,
         "Messages of one kind, written out").
@@ -330,7 +342,7 @@ class MPITransport(Transport):
         step from the general way (both send no data), a send's or a recv's packet alone has
         ONE_WAY_MARK_BYTES between its words and its data. Steps are never traced or watched
         (their caller takes those calls the general way)."""
-        phases = self._pair_phases(peer, sent_bytes, expected_bytes, kind)
+        phases = self._pair_phases(peer, sent_bytes, expected_bytes, kind, PAIR_DIRECT_BYTES)
         if phases is None:
             return None
         publish, finish, _ = phases
@@ -351,26 +363,32 @@ class MPITransport(Transport):
                                                                   self.wait)
 
     def _pair_phases(self, peer: int, sent_bytes: int | None, expected_bytes: int | None,
-                     kind: tuple[int, int, int]) -> Half | None:
+                     kind: tuple[int, int, int], direct_from: int | None = None) -> Half | None:
         """The two halves of a readied step with `peer` (`prepare_pair_message`):
         `publish(mine, n_sent, n_expected)`, which writes the packet and starts both requests,
         and `finish(mine, into, n_sent, n_expected, _)`, which waits for them and takes the
         peer's data: True, or the peer's words where they differ; then `spoken`, for
-        `ring_step`: what the peer's packet is, without waiting. None for messages larger
-        than a packet holds."""
+        `ring_step`: what the peer's packet is, without waiting. With `direct_from`, messages
+        larger than that send their words alone and move their data once those agree; else
+        None for messages larger than a packet holds. (A ring's halves may not: a half that
+        waited for its data would wait for a peer that waits for its own, around the ring.)"""
         most = min(self.one_shot_bytes, PAIR_PACKET_BYTES)  # (what lands must fit: `_Landing`)
-        if self.xp is not numpy or (sent_bytes, expected_bytes) == (None, None) \
-                or any(n is not None and not 0 < n <= most for n in (sent_bytes, expected_bytes)):
+        ways = [n for n in (sent_bytes, expected_bytes) if n is not None]
+        if self.xp is not numpy or not ways or min(ways) <= 0:
             return None
-        at = PAIR_BYTES if None not in (sent_bytes, expected_bytes) else \
+        words_alone = max(ways) > (most if direct_from is None else min(most, direct_from))
+        if words_alone and direct_from is None:
+            return None
+        at = PAIR_BYTES if len(ways) == 2 or words_alone else \
             PAIR_BYTES + ONE_WAY_MARK_BYTES  # where the data lie in a packet
         c_sent, c_expected, dtypes = kind
         mirrored = swapped_dtypes(dtypes)  # the peer's dtypes word
         landing = self._landed()
         landed = landing.buffers[peer]
         receive = landing.receives[peer if peer < self.rank else peer - 1]
-        size = at + (sent_bytes or 0)
+        size = at if words_alone else at + (sent_bytes or 0)
         start_all, status = MPI.Prequest.Startall, MPI.Status()
+        irecv, isend, test_all = self.comm.Irecv, self.comm.Isend, MPI.Request.Testall
         tally = self._tally([(sent_bytes or 0, peer, expected_bytes or 0, peer)])
         # The packet and its send (`_Packet`), kept per peer and size, and taken anew once
         # freed (by a sweep of more sizes than are kept); both requests, started at once; the
@@ -389,7 +407,7 @@ class MPITransport(Transport):
             # (all six words: a step of another kind of as many bytes shares the packet)
             PAIR_WORDS.pack_into(made.packet, 0, MESSAGES, n_sent, n_expected, c_sent,
                                  c_expected, dtypes)
-            if mine is not None:
+            if mine is not None and not words_alone:
                 if typed[0] is not mine.dtype:
                     typed[0] = mine.dtype
                     typed[2] = numpy.frombuffer(made.packet, mine.dtype, mine.size, at)
@@ -413,8 +431,23 @@ class MPITransport(Transport):
             heard = PAIR_WORDS.unpack_from(landed, 0)
             if heard != (MESSAGES, n_expected, n_sent, c_expected, c_sent, mirrored):
                 return heard
-            if count == PAIR_BYTES:  # its words alone: the data go the
-                self.sendrecv(mine, None if mine is None else peer, into,  # general way
+            if words_alone:  # the data follow the words, straight: a peer whose packet
+                # carried its data (a ring's half) heard our words alone, and sends them again
+                # the general way (below), which meets these requests
+                moving = [] if into is None else [irecv([into, MPI.BYTE], peer, TAG)]
+                if mine is not None:
+                    moving.append(isend([mine, MPI.BYTE], peer, TAG))
+                polls = self.spin
+                while not test_all(moving):
+                    polls -= 1
+                    if polls < 0:
+                        self._wait_all(moving[:1], peer, "a message")
+                        self._wait_all(moving, peer, "its message to be taken")
+                        break
+                tally()
+                return True
+            if count == PAIR_BYTES:  # its words alone: the data follow, as the general
+                self.sendrecv(mine, None if mine is None else peer, into,  # way's do
                               None if into is None else peer)
                 return True
             if into is not None:
