@@ -829,11 +829,11 @@ def direct_scenario() -> None:
                     transport.one_sided or block.nbytes >= transport.isends_read_from)
                     else [("write", part)] if part else []), moved
         transport.pairs_read_from = pairs_read_from
-        if size == 2 and pairs_read_from is not None:  # a pair's 1 MiB: read in place
-            mine = numpy.arange(1 << 17, dtype=float) + rank
+        if size == 2 and pairs_read_from is not None:  # past a pair area: read in place
+            mine = numpy.arange(pairs_read_from // 8 + 1, dtype=float) + rank
             moved.clear()
             numpy.testing.assert_array_equal(comm.sendrecv(mine, 1 - rank), mine - rank + left)
-            assert moved == [("read", 1 << 20)], moved
+            assert moved == [("read", mine.nbytes)], moved
         forwarded_all_reduce(comm, moved)
         if transport.oversubscribed:  # the forwarded step on more ranks, as if each had a core
             transport.oversubscribed = False
@@ -1620,6 +1620,7 @@ def kept_own_scenario() -> None:
             print("kept own: no direct reads here", flush=True)
             return
         transport.reads_inputs_from, transport.reads_inputs_above = 1, 0  # (every size)
+        transport.input_roads = False  # (read in place, never through the areas: `InputRoad`)
         block = transport.one_shot_bytes // 8 // size
         copies: list[int] = []
         memmove = ctypes.memmove
@@ -1647,6 +1648,72 @@ def kept_own_scenario() -> None:
             assert own_copies == (1 if how == "in place" else 0), (how, copies)
         slots.ctypes = ctypes
     print("kept own ok", flush=True)
+
+
+def input_roads_scenario() -> None:
+    """Inputs read in place that an area holds go by their owners' roads (`InputRoad`): the
+    first WARM calls of a kind through the areas, the next WARM in place, every rank alike;
+    then, where rank 0 always takes its area and rank 1 always leaves its input in place, each
+    reader takes each input from where it lies. All-to-alls (in place too), all-gathers and
+    reduce-scatters, by the lane and by the general path, each right every call."""
+    from transports import slots
+
+    os.environ["RINGCC_SINGLE_COPY"] = "1"
+    with collectives.init("shm", timeout=30) as comm:
+        rank, size, transport = comm.rank, comm.size, comm._transport
+        if transport.roads is None:
+            print("input roads: no direct reads here", flush=True)  # (or no core each)
+            return
+        transport.reads_inputs_from, transport.reads_inputs_above = 1, 0  # (every size)
+        block = transport.one_shot_bytes // 8 // size
+        reads: list[int] = []
+        read_peer_bytes = slots.read_peer_bytes
+        slots.read_peer_bytes = lambda *args: (reads.append(args[3]), read_peer_bytes(*args))
+        def inputs(count: int) -> list[numpy.ndarray]:
+            return [numpy.arange(size * count, dtype=float).reshape(size, count) * (r + 2) + r
+                    for r in range(size)]
+        # (Each collective of its own shape: each kind of exchange keeps its own road.)
+        wide, narrow, narrower = inputs(block), inputs(block - 8), inputs(block - 16)
+        cases = [
+            ("all_to_all", "_all_to_all", lambda: (wide[rank],),
+             numpy.stack([wide[r][rank] for r in range(size)])),
+            ("all_to_all", "_all_to_all", lambda: (narrow[rank].copy(),) * 2,
+             numpy.stack([narrow[r][rank] for r in range(size)])),
+            ("all_gather", "_all_gather", lambda: (wide[rank][0],),
+             numpy.stack([wide[r][0] for r in range(size)])),
+            ("reduce_scatter", "_reduce_scatter", lambda: (narrower[rank].copy(),),
+             sum(narrower[r][rank] for r in range(size)))]
+
+        def calls(general: bool) -> list[bool]:
+            """Each case once, right: whether anything was read in place for it."""
+            made = []
+            for name, general_name, arguments, want in cases:
+                reads.clear()
+                got = getattr(comm, general_name if general else name)(*arguments())
+                numpy.testing.assert_array_equal(got, want, err_msg=name)
+                made.append(bool(reads))
+            return made
+        try:
+            for general in (False, True):
+                comm._small_calls.clear()
+                transport._exchanges.clear()  # (each kind's road from its first call)
+                warm = slots.InputRoad.WARM
+                seen = [calls(general) for _ in range(2 * warm + slots.InputRoad.EXPLORE + 2)]
+                # (A lane's first call of a kind may take the general path, which may make
+                # an exchange of its own: that case's road then starts a call later.)
+                for case in range(len(cases)):
+                    made = [call[case] for call in seen]
+                    assert any(made[start:start + 2 * warm] == [False] * warm + [True] * warm
+                               for start in (0, 1)), (case, made)
+            # Mixed: rank 0 through its area, rank 1 in place.
+            slots.InputRoad.through_area = lambda road: rank == 0
+            for general in (False, True):
+                for _ in range(3):
+                    made = calls(general)
+                    assert made == [rank == 0] * 4, made  # (rank 0 reads rank 1's)
+        finally:
+            slots.read_peer_bytes = read_peer_bytes
+    print("input roads ok", flush=True)
 
 
 def slot_holder_scenario() -> None:
@@ -1736,6 +1803,10 @@ def test_a_pair_of_ranks_agrees_on_the_road_of_a_kind_of_sendrecv():
     scenario_ends_well("pair_roads", 2, "pair roads ok")
 
 
+def test_inputs_read_in_place_go_through_the_areas_where_their_owners_choose():
+    scenario_ends_well("input_roads", 2, "input roads ok")
+
+
 SCENARIOS = {"collectives": collectives_scenario, "failure": failure_scenario,
              "slot_holder": slot_holder_scenario, "late_reader": late_reader_scenario,
              "two_shot": two_shot_scenario, "exchanged_passes": exchanged_passes_scenario,
@@ -1746,7 +1817,8 @@ SCENARIOS = {"collectives": collectives_scenario, "failure": failure_scenario,
              "one_sided_scatter": one_sided_scatter_scenario,
              "shared_scatter": shared_scatter_scenario,
              "one_sided_broadcast": one_sided_broadcast_scenario,
-             "kept_own": kept_own_scenario, "pair_roads": pair_roads_scenario}
+             "kept_own": kept_own_scenario, "pair_roads": pair_roads_scenario,
+             "input_roads": input_roads_scenario}
 
 if __name__ == "__main__":
     record_regions()

@@ -165,7 +165,13 @@ Measured on 4 ranks sharing 2 cores (`mpiexec -n 4 python -m benchmarks.all_to_a
 took 538 us where the pairwise exchange took 1019 (MPICH's 327-402), a 4 MiB all-gather 2507
 where the ring took 3262; on 3 ranks, 537 against 623, and 2245 against 3123. Every rank of a
 call names alike what it takes, so all take the same exchange; the general path names the same
-as the lane.
+as the lane. Where every rank has a core, an input that an area holds goes by the road its
+owner has measured cheaper (`InputRoad`): read in place as above, or copied into its owner's
+area and out again by its readers, whose copies run out of the caches while the cores share
+theirs (docs/performance.md, "Pair areas of a megabyte, and inputs through the areas by the
+road measured cheaper": a 1 MiB all-to-all on 2 ranks from 0.82x-0.96x MPICH's speed to
+1.16x-1.24x). A
+reader takes each input from where its owner's word says it lies, so each owner chooses alone.
 
 Folded checks. A call whose check is handed over (`check_first`) makes it in its first
 exchange: the rank first publishes what fits in its free slots, then checks (every rank's call
@@ -191,7 +197,7 @@ from the other, both published before either is waited for. A peer whose words a
 not marked (its message goes the general way: a traced rank, or a larger send alone) takes from
 the slots after its check, so the rank then sends through a slot, and takes the peer's from one,
 as the general way does. On host memory (the CUDA transport's data goes the general way). Memory per
-rank: two pair areas per peer (`pair_area_bytes`: 512 KiB on 2 ranks, less on more, so that a
+rank: two pair areas per peer (`pair_area_bytes`: 1 MiB on 2 ranks, less on more, so that a
 rank's stay within 2 MiB, but 16 KiB at least), touched only by the messages that use them.
 Measured on 2 ranks (docs/performance.md, "Middle sizes"), a 32 KiB sendrecv took 35-36 us read in
 place and 22 through an area, 128 KiB 52 against 32, 512 KiB 120-127 against 74-85; 1 MiB 220-224
@@ -302,8 +308,11 @@ CROWDED_INPUT_BYTES = 256 << 10
 KEPT_EXCHANGES = 64  # one-shot exchanges kept, one per (shape, dtype) seen (and reads)
 # A pair's messages up to a pair area each way go through the pair areas (see "Pair areas"),
 # two per peer: of PAIR_AREA_MOST, or less where a rank's would not fit PAIR_AREAS_BYTES in all,
-# but never less than PAIR_AREA_LEAST (`pair_area_bytes`).
-PAIR_AREA_MOST = 512 << 10
+# but never less than PAIR_AREA_LEAST (`pair_area_bytes`). On 2 ranks, 1 MiB: a 1 MiB sendrecv
+# took 58-64 us through them where read in place it took 91-99, on a machine whose cores share
+# an L3 (docs/performance.md, "Pair areas of a megabyte, ..."); `PairRoad` still reads in place
+# where its reads cost less.
+PAIR_AREA_MOST = 1 << 20
 PAIR_AREAS_BYTES = 2 << 20
 PAIR_AREA_LEAST = 16 << 10
 # A sendrecv's messages from here up to a pair area each way go by the road measured cheaper
@@ -392,8 +401,9 @@ _LENT: list[Any] = []
 
 def pair_area_bytes(size: int) -> int:
     """The bytes of each pair area on `size` ranks (see "Pair areas"): PAIR_AREA_MOST, or less,
-    in pages, where a rank's 2 * size would not fit PAIR_AREAS_BYTES; PAIR_AREA_LEAST at least."""
-    fits = PAIR_AREAS_BYTES // (2 * size) // PAGE * PAGE
+    in pages, where a rank's 2 * (size - 1) would not fit PAIR_AREAS_BYTES; PAIR_AREA_LEAST at
+    least."""
+    fits = PAIR_AREAS_BYTES // max(1, 2 * (size - 1)) // PAGE * PAGE
     return max(PAIR_AREA_LEAST, min(PAIR_AREA_MOST, fits))
 
 
@@ -419,6 +429,19 @@ def _alive(pid: int, thorough: bool = False) -> bool:
         except (OSError, IndexError):
             pass
     return True
+
+
+def folded(old: float | None, value: float, times: int, warm: int, weight: float,
+           outlier: float) -> float:
+    """A measured cost with its `times`-th `value` folded in: the least of the first `warm`
+    (the first moves run cold), then a running mean giving the newest `weight`, a value
+    counting for at most `outlier` times the mean (a move the scheduler interrupted cannot
+    hold a road shut). What `Roads`, `PairRoad`, `Sharing` and `InputRoad` keep."""
+    if old is None:
+        return value
+    if times <= warm:
+        return min(old, value)
+    return old + weight * (min(value, outlier * old) - old)
 
 
 class Roads:
@@ -500,12 +523,9 @@ class Roads:
     def took(self, kind: str, seconds: float, nbytes: int) -> None:
         """Fold one call's `seconds` spent on `nbytes` of `kind` ("in", "out" or "read") into
         its cost: the least while warming up, then a running mean."""
-        per_byte, old = seconds / nbytes, self.cost[kind]
         self.times[kind] += 1
-        if old is None or self.times[kind] <= self.WARM:
-            self.cost[kind] = per_byte if old is None else min(old, per_byte)
-        else:
-            self.cost[kind] = old + self.WEIGHT * (min(per_byte, self.OUTLIER * old) - old)
+        self.cost[kind] = folded(self.cost[kind], seconds / nbytes, self.times[kind], self.WARM,
+                                 self.WEIGHT, self.OUTLIER)
 
     def timed(self, kind: str, move: Callable[..., None]) -> Callable[..., None]:
         """`move(piece, ...)`, its time and the bytes of `piece` (flat bytes) added to this
@@ -599,12 +619,9 @@ class PairRoad:
 
     def took(self, road: int, seconds: float) -> None:
         """Fold a timed call's `seconds` on `road` into its cost."""
-        old = self.cost[road]
         self.times[road] += 1
-        if old is None or self.times[road] <= self.WARM:
-            self.cost[road] = seconds if old is None else min(old, seconds)
-        else:
-            self.cost[road] = old + self.WEIGHT * (min(seconds, self.OUTLIER * old) - old)
+        self.cost[road] = folded(self.cost[road], seconds, self.times[road], self.WARM,
+                                 self.WEIGHT, self.OUTLIER)
         copies, read = self.cost[INLINE], self.cost[IN_PLACE]
         self.prefers_read = copies is not None and read is not None \
             and read < self.MARGIN * copies
@@ -656,12 +673,59 @@ class Sharing:
     def took(self, seconds: float, nbytes: int) -> None:
         """Fold a copy of `nbytes` into this rank's memory for a peer to read (its area, or its
         slots), which took `seconds`, into the cost."""
-        per_byte, old = seconds / nbytes, self.cost
         self.times += 1
-        if old is None or self.times <= self.WARM:
-            self.cost = per_byte if old is None else min(old, per_byte)
-        else:
-            self.cost = old + self.WEIGHT * (min(per_byte, self.OUTLIER * old) - old)
+        self.cost = folded(self.cost, seconds / nbytes, self.times, self.WARM, self.WEIGHT,
+                           self.OUTLIER)
+
+
+class InputRoad:
+    """Whether an input of one kind of one-shot exchange read in place (an all-to-all's, an
+    all-gather's, a reduce-scatter's, of DIRECT_INPUT_BYTES or more taken of each, see "Inputs
+    read in place") goes through its owner's area instead, where an area holds it.
+
+    Neither road always wins on one machine, as for `Roads`: through the area, the owner copies
+    in what its peers take and each reader copies its part out, copies that run out of the
+    caches while the cores share theirs; in place, each reader reads its part by a system call,
+    at two to four times a copy's time a byte (docs/performance.md, "Pair areas of a megabyte,
+    and inputs through the areas by the road measured cheaper"). So each rank times its moves
+    of the kind, a byte each: as owner, its copy in; as reader, its copies out of its peers'
+    areas and its reads of their inputs. As owner it takes the road its own costs say is
+    cheaper for its readers (they move as it does), reading in place while that costs under
+    MARGIN times the copies. The calls of a kind are numbered alike on every rank, and the
+    number alone chooses the explored calls: the first WARM through the areas, the next WARM in
+    place, and once in EXPLORE calls a run of RUN on the other road, so that its cost stays
+    known; so the ranks explore together, and each measures the road it explores. A reader
+    takes an input from wherever its owner's word says it lies, so each owner may choose alone.
+    """
+
+    WARM = 4
+    EXPLORE = 64
+    RUN = 2
+    MARGIN = 0.75
+    WEIGHT = 0.25
+    OUTLIER = 4
+
+    def __init__(self, copied: int, taken: int) -> None:
+        self.copied, self.taken = copied, taken  # what an owner copies in, a reader takes
+        self.cost: dict[str, float | None] = {"in": None, "out": None, "read": None}
+        self.times = {"in": 0, "out": 0, "read": 0}
+        self.calls = 0
+
+    def through_area(self) -> bool:
+        """The road of this rank's input in the next call: True through its area."""
+        self.calls = calls = self.calls + 1
+        if calls <= 2 * self.WARM:
+            return calls <= self.WARM
+        copy_in, copy_out, read = self.cost["in"], self.cost["out"], self.cost["read"]
+        area = copy_in is not None and copy_out is not None and (
+            read is None or read >= self.MARGIN * (copy_in * self.copied / self.taken + copy_out))
+        return area != (calls % self.EXPLORE < self.RUN)
+
+    def took(self, kind: str, seconds: float, nbytes: int) -> None:
+        """Fold `seconds` spent on `nbytes` of `kind` ("in", "out" or "read") into its cost."""
+        self.times[kind] += 1
+        self.cost[kind] = folded(self.cost[kind], seconds / nbytes, self.times[kind], self.WARM,
+                                 self.WEIGHT, self.OUTLIER)
 
 
 class SlotTransport(Transport):
@@ -700,7 +764,8 @@ class SlotTransport(Transport):
         control = -(-(self._push_line + size) * LINE // PAGE) * PAGE
         pairs_at = SLOTS * self.slot_bytes + 2 * self._area_bytes
         self._pair_area_bytes = pair_area_bytes(size)
-        data = pairs_at + (2 * size * self._pair_area_bytes if self.memory.in_host_region else 0)
+        data = pairs_at + (2 * (size - 1) * self._pair_area_bytes
+                           if self.memory.in_host_region else 0)
         nbytes = control + (data if self.memory.in_host_region else 0)
         self._check_room(nbytes)
         regions = share_regions(self.comm, nbytes)
@@ -714,16 +779,18 @@ class SlotTransport(Transport):
                        for d in self._data]
         self._slot_words = [(self._slot_line + j) * WORDS for j in range(SLOTS)]
         # Our pair areas for each peer, and each peer's for us, by the parity of the turn, as
-        # memoryviews (a readied step makes arrays of its messages' dtypes of them); None where
-        # the data is not on the host (see "Pair areas").
+        # memoryviews (a readied step makes arrays of its messages' dtypes of them), none with
+        # ourselves; None where the data is not on the host (see "Pair areas").
         self._pair_out = self._pair_in = None
         if self.memory.in_host_region:
-            def area(r: int, p: int, parity: int) -> Any:
-                lo = pairs_at + (2 * p + parity) * self._pair_area_bytes
+            def area(r: int, p: int, parity: int) -> Any:  # rank r's for peer p
+                lo = pairs_at + (2 * (p - (p > r)) + parity) * self._pair_area_bytes
                 return memoryview(self._data[r][lo:lo + self._pair_area_bytes])
-            self._pair_out = [[area(self.rank, p, parity) for parity in range(2)]
+            self._pair_out = [None if p == self.rank else
+                              [area(self.rank, p, parity) for parity in range(2)]
                               for p in range(size)]
-            self._pair_in = [[area(p, self.rank, parity) for parity in range(2)]
+            self._pair_in = [None if p == self.rank else
+                             [area(p, self.rank, parity) for parity in range(2)]
                              for p in range(size)]
         self._one_segment_bytes = min(self.slot_bytes, DIRECT_BYTES - 1)  # see `_one_segment`
         # isends that a slot cannot hold are read in place: streamed, one would hold its sender
@@ -759,6 +826,8 @@ class SlotTransport(Transport):
         # run: direct reads work, and every rank has a core (the times of ranks that share one
         # measure the scheduler). None: through the slots.
         self.roads = Roads() if self.single_copy and not self.oversubscribed else None
+        # ... and so do one-shot inputs read in place that an area holds (`InputRoad`).
+        self.input_roads = True
         # One-shot inputs of which each rank takes this much or more are read in place, where
         # the caller names what it takes (see "Inputs read in place"); None: none are.
         self.reads_inputs_from = None if not self.single_copy else \
@@ -1800,13 +1869,6 @@ class SlotTransport(Transport):
             return scratch, [scratch[r * stride:][:nbytes].view(dtype).reshape(shape)
                              for r in range(size)]
         kept_scratch = made_scratch() if nbytes <= self._area_bytes else None
-        # Every rank's area of each turn's parity: where it lies here, and as its input.
-        areas_at, areas = [[], []], [[], []]
-        if not by_address:
-            for parity in range(2):
-                lo = SLOTS * self.slot_bytes + parity * self._area_bytes
-                areas_at[parity] = [d.ctypes.data + lo for d in self._data]
-                areas[parity] = [d[lo:lo + nbytes].view(dtype).reshape(shape) for d in self._data]
         # Each rank's bytes: (rank, lo, length, where they land: from the first byte of `into`,
         # its block r, and of scratch). The copies and reads go by address: a view of each
         # place would cost a call more than its read's own Python.
@@ -1815,6 +1877,26 @@ class SlotTransport(Transport):
         ours = [(lo, length, at) for r, lo, length, at in landing if r == rank]
         wanted = [(r, lo, length, at, "read rank {}'s input")
                   for r, lo, length, at in landing if r != rank]
+        # Read in place, an input an area holds goes by the road measured cheaper where every
+        # rank has a core (`InputRoad`): its owner copies it into its area, or leaves it.
+        taken = sum(length for _, _, length, _, _ in wanted)
+        # Through its area, an input's owner copies what its peers take: all of it, where
+        # each takes every input whole (an all-gather); else all but the block it takes of
+        # each itself, the others' own blocks (an all-to-all's, a reduce-scatter's).
+        own_lo, own_hi = reads[rank]
+        spans = [(0, nbytes)] if (own_lo, own_hi) == (0, nbytes) else \
+            [(lo, hi - lo) for lo, hi in ((0, own_lo), (own_hi, nbytes)) if lo < hi]
+        copied = sum(length for _, length in spans)
+        road = InputRoad(copied, taken) if by_address and self.roads is not None \
+            and self.input_roads and 0 < nbytes <= self._area_bytes and taken and copied \
+            else None
+        # Every rank's area of each turn's parity: where it lies here, and as its input.
+        areas_at, areas = [[], []], [[], []]
+        if not by_address or road is not None:
+            for parity in range(2):
+                lo = SLOTS * self.slot_bytes + parity * self._area_bytes
+                areas_at[parity] = [d.ctypes.data + lo for d in self._data]
+                areas[parity] = [d[lo:lo + nbytes].view(dtype).reshape(shape) for d in self._data]
         address = [(self._call_line + area) * WORDS + CALL_WORDS + 1 for area in range(2)]
         own, lines = self._own, self._call_lines
         peers = [ctl for r, ctl in enumerate(self._ctl) if r != rank]
@@ -1855,6 +1937,7 @@ class SlotTransport(Transport):
             keeps, self._keeps_own = self._keeps_own, False
             alongside, self._alongside = self._alongside, None
             gauged = offers and whole and not word & REGISTERED  # (`Sharing` chooses)
+            through_area = road is not None and road.through_area() and not word & REGISTERED
             overlaps = into_at is not None and into_at < ours_at + nbytes \
                 and ours_at < into_at + into.nbytes  # (what lands would change ours)
             if unread:  # none takes it: nothing to say where it lies, none to wait for
@@ -1868,6 +1951,12 @@ class SlotTransport(Transport):
                 ctypes.memmove(areas_at[parity][rank], ours_at, nbytes)
                 if gauged:  # (the copy timed for `Sharing`)
                     sharing.took(time.perf_counter() - started, nbytes)
+                word = 0
+            elif through_area:  # (the copy timed for `InputRoad`)
+                started, area_at = time.perf_counter(), areas_at[parity][rank]
+                for lo, length in spans:
+                    ctypes.memmove(area_at + lo, ours_at + lo, length)
+                road.took("in", time.perf_counter() - started, copied)
                 word = 0
             if into is not None and into.nbytes == alone_length:
                 into_at -= alone_at  # (so that its one block lands at its start)
@@ -1918,7 +2007,7 @@ class SlotTransport(Transport):
             for lo, length, at in ours:
                 # (Not where our area holds it as it is, nor where the caller takes its own
                 # bytes from its input itself: `kept`, `keeps_own`.)
-                if (word or unread or into is not None) and not kept:
+                if (word or unread or into is not None or road is not None) and not kept:
                     ctypes.memmove(base + at[where], ours_at + lo, length)
                     if inputs is not None:
                         inputs[rank] = scratched[rank]
@@ -1926,8 +2015,12 @@ class SlotTransport(Transport):
                 alongside()
             for r, lo, length, at, what in wanted:
                 theirs = self._ctl[r][address[parity]]
-                if not theirs:  # in its area: returned as it is, unless placed
-                    if into is not None:
+                if not theirs:  # in its area: returned as it is, unless placed (or read in
+                    if road is not None:  # place: into scratch), its copy timed
+                        started = time.perf_counter()
+                        ctypes.memmove(base + at[where], areas_at[parity][r] + lo, length)
+                        road.took("out", time.perf_counter() - started, length)
+                    elif into is not None:
                         ctypes.memmove(base + at[where], areas_at[parity][r] + lo, length)
                     continue
                 if theirs & REGISTERED:
@@ -1938,6 +2031,11 @@ class SlotTransport(Transport):
                     if self._ctl[r][shared + 6] < turn:
                         self.wait(lambda: self._ctl[r][shared + 6] >= turn, r,
                                   "its part of an input")
+                elif road is not None:
+                    started = time.perf_counter()
+                    self._move(read_peer_bytes, r, what, (theirs & ~SHARED) + lo,
+                               base + at[where], length)
+                    road.took("read", time.perf_counter() - started, length)
                 else:
                     self._move(read_peer_bytes, r, what, (theirs & ~SHARED) + lo,
                                base + at[where], length)
