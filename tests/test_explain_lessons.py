@@ -11,6 +11,7 @@ import pytest
 import collectives
 from collectives import explain
 from collectives.explain import picture
+from collectives.explain.schedule import schedule
 
 CASES = [("gather", 4, 8, None), ("gather", 1, 3, None), ("gather", 3, 0, None),
          ("reduce", 3, 7, "avg"), ("reduce", 5, 10, "min"), ("reduce", 2, 1, "sum"),
@@ -91,3 +92,21 @@ def test_node_size_is_for_the_hierarchical_lesson_and_must_cut_whole_nodes():
         explain.main(["all_reduce", "--node-size", "2"])
     with pytest.raises(SystemExit):
         explain.main(["hierarchical", "--ranks", "5", "--node-size", "2"])
+
+
+def test_a_sendrecv_whose_send_went_ahead_is_put_in_steps_as_its_halves():
+    """A ring of three where rank 0 moved both halves of its sendrecv at once, while ranks 1
+    and 2 each received before they sent (halves moved apart as their peers came,
+    `point_to_point.two_peers`): with rank 0's record whole, the steps would wait in a
+    circle; rank 0's send went first, so the steps are 0 -> 1, 1 -> 2, then 2 -> 0."""
+    def record(dst, src):
+        return {"dst": dst, "src": src, "send": [0, 2], "recv": [0, 2], "kind": "copy",
+                "phase": "sendrecv", "bytes": 16}
+    records = [[record(1, 2)], [record(None, 0), record(2, None)],
+               [record(None, 1), record(0, None)]]
+    frames = schedule(records)
+    assert [[(move.src, move.dst) for move in frame] for frame in frames] == \
+        [[(0, 1)], [(1, 2)], [(2, 0)]]
+    # (Where a step can hold each sendrecv whole, it does: a ring shift is one step.)
+    ring = [[record((r + 1) % 3, (r - 1) % 3)] for r in range(3)]
+    assert [len(frame) for frame in schedule(ring)] == [3]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 from dataclasses import dataclass
+from itertools import accumulate
 
 import numpy
 
@@ -42,44 +43,72 @@ def schedule(records: list[list[dict]]) -> list[list[Move]]:
     arrive in order, so the k-th send from a to b is the k-th receive on b from a), and belong
     to the same step; each rank takes part in at most one step at a time, in the order it
     recorded. Each step is as early as these two rules allow.
+
+    A record that both sends and receives (a sendrecv) is one step where the rules allow it.
+    Where they do not, its send went ahead of its receive: a sendrecv with two peers moves its
+    halves apart where one peer comes first (`point_to_point.two_peers`), and a rank that moved
+    both at once sent before it had received, so a ring of such ranks cannot be put in steps
+    with each sendrecv whole. Then every sendrecv is a send, then a receive, each in a step of
+    its own or together.
     """
+    try:
+        return _steps(records, split=False)
+    except CycleOfWaits:
+        return _steps(records, split=True)
+
+
+class CycleOfWaits(ValueError):
+    """The recorded transfers cannot be put in steps (`schedule`)."""
+
+
+def _steps(records: list[list[dict]], split: bool) -> list[list[Move]]:
+    """`schedule`, each sendrecv whole, or `split` into its send and then its receive."""
+    # Each rank's events: (its record, what of it: "send", "recv" or both), in order.
+    events = [[(index, part) for index, record in enumerate(mine)
+               for part in (("send", "recv") if split else ("both",))
+               if part == "both" or record["dst" if part == "send" else "src"] is not None]
+              for mine in records]
     sends: dict[tuple[int, int], deque] = defaultdict(deque)
-    for rank, mine in enumerate(records):
-        for index, record in enumerate(mine):
-            if record["dst"] is not None:
-                sends[(rank, record["dst"])].append(index)
-    pairs = []  # (sender, its record, receiver, its record)
-    for rank, mine in enumerate(records):
-        for index, record in enumerate(mine):
-            if record["src"] is not None:
+    for rank, mine in enumerate(events):
+        for event, (index, part) in enumerate(mine):
+            if part != "recv" and records[rank][index]["dst"] is not None:
+                sends[(rank, records[rank][index]["dst"])].append(event)
+    pairs = []  # (sender, its event, receiver, its event)
+    for rank, mine in enumerate(events):
+        for event, (index, part) in enumerate(mine):
+            record = records[rank][index]
+            if part != "send" and record["src"] is not None:
                 queue = sends[(record["src"], rank)]
                 if not queue:
                     raise ValueError(f"rank {rank} received from rank {record['src']}, "
                                      f"which recorded no matching send")
-                pairs.append((record["src"], queue.popleft(), rank, index))
+                pairs.append((record["src"], queue.popleft(), rank, event))
     if any(sends.values()):
         raise ValueError("the trace has sends that no rank received")
 
-    time = [list(range(len(mine))) for mine in records]
-    for _ in range(sum(map(len, records)) + 1):
+    # A rank's next event is a step later, but a sendrecv's receive may share its send's.
+    apart = [[int(k > 0 and mine[k][0] != mine[k - 1][0]) for k in range(len(mine))]
+             for mine in events]
+    time = [list(accumulate(gaps)) for gaps in apart]
+    for _ in range(sum(map(len, events)) + 1):
         changed = False
         for a, i, b, j in pairs:
             both = max(time[a][i], time[b][j])
             changed |= (time[a][i], time[b][j]) != (both, both)
             time[a][i] = time[b][j] = both
-        for mine in time:
-            for index in range(1, len(mine)):
-                if mine[index] <= mine[index - 1]:
-                    mine[index], changed = mine[index - 1] + 1, True
+        for mine, gaps in zip(time, apart):
+            for k in range(1, len(mine)):
+                if mine[k] < mine[k - 1] + gaps[k]:
+                    mine[k], changed = mine[k - 1] + gaps[k], True
         if not changed:
             break
     else:
-        raise ValueError("the recorded transfers cannot be put in steps (a cycle of waits)")
+        raise CycleOfWaits("the recorded transfers cannot be put in steps (a cycle of waits)")
 
     steps = sorted({t for mine in time for t in mine})
     frames: list[list[Move]] = [[] for _ in steps]
     for a, i, b, j in sorted(pairs, key=lambda p: (time[p[0]][p[1]], p[0])):
-        sent, received = records[a][i], records[b][j]
+        sent, received = records[a][events[a][i][0]], records[b][events[b][j][0]]
         frames[steps.index(time[a][i])].append(Move(
             a, b, tuple(sent["send"]), tuple(received["recv"]), received["kind"],
             received["phase"], sent["bytes"]))
