@@ -137,9 +137,14 @@ def reduce_scatter_all_gather(transport: Transport, work: Any, op: ReduceOp,
     neighbour that may not be running, while an exchange needs only that every rank has come
     (two_shot.py says the same of its passes made by messages, which pay from larger chunks).
     Each chunk is reduced on one rank, in rank order, then copied: every rank ends with
-    bitwise the same result. Chunks that differ in size (the count does not divide by N) are
-    gathered by the ring's pass instead: an exchange moves inputs of one size."""
+    bitwise the same result. Chunks that differ in size (the count does not divide by N) take
+    the ring's passes instead: the ranks of an exchange take alike of each input, and so read
+    it the same way (each rank's chunk, of another size, could be read in place on one rank and
+    not on another, `Transport.reads_in_place`)."""
     size, rank = transport.size, transport.rank
+    if work.size % size:
+        ring_all_reduce(transport, work, op, average, mine)
+        return
     mine = work if mine is None else mine
     if size == 1 or work.size == 0:
         if mine is not work:
@@ -150,10 +155,7 @@ def reduce_scatter_all_gather(transport: Transport, work: Any, op: ReduceOp,
     # (In place, peers read their chunks of `work` before we write theirs: the exchange
     # returns once every peer has read what it takes of ours.)
     one_shot_reduce_scatter(transport, mine, op, average, bounds, out)
-    if work.size % size:
-        all_gather_pass(transport, work, bounds, first=0)
-    else:
-        one_shot_all_gather(transport, out, work, bounds)
+    one_shot_all_gather(transport, out, work, bounds)
 
 
 def exchanged_passes_pay(transport: Transport, count: int, itemsize: int) -> bool:

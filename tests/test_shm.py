@@ -1711,9 +1711,36 @@ def input_roads_scenario() -> None:
                 for _ in range(3):
                     made = calls(general)
                     assert made == [rank == 0] * 4, made  # (rank 0 reads rank 1's)
+            # A reader with no road of its own follows an owner that takes its area.
+            transport.input_roads = rank == 0
+            for general in (False, True):
+                comm._small_calls.clear()
+                transport._exchanges.clear()
+                for _ in range(2):
+                    made = calls(general)
+                    assert made == [rank == 0] * 4, made
         finally:
             slots.read_peer_bytes = read_peer_bytes
     print("input roads ok", flush=True)
+
+
+def uneven_passes_scenario() -> None:
+    """An all-reduce by reduce_scatter_all_gather whose chunks differ in size by an element,
+    either side of the size from which inputs are read in place: the ranks would disagree on
+    reading in place (each judges by its own chunk), so it takes the ring; the results are
+    NumPy's on every rank."""
+    os.environ["RINGCC_SINGLE_COPY"] = "1"
+    with collectives.init("shm", timeout=30) as comm:
+        rank, size, transport = comm.rank, comm.size, comm._transport
+        if not transport.single_copy:
+            print("uneven passes: no direct reads here", flush=True)
+            return
+        count = size * 1000 - 1  # chunks of 1000 and 999 float64s
+        transport.reads_inputs_from, transport.reads_inputs_above = 1000 * 8, 0
+        data = [numpy.arange(count, dtype=float) * (r + 1) + r for r in range(size)]
+        got = comm.all_reduce(data[rank], algorithm="reduce_scatter_all_gather")
+        numpy.testing.assert_array_equal(got, sum(data))
+    print("uneven passes ok", flush=True)
 
 
 def slot_holder_scenario() -> None:
@@ -1807,6 +1834,11 @@ def test_inputs_read_in_place_go_through_the_areas_where_their_owners_choose():
     scenario_ends_well("input_roads", 2, "input roads ok")
 
 
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_exchanged_passes_of_uneven_chunks_agree_on_every_rank(ranks):
+    scenario_ends_well("uneven_passes", ranks, "uneven passes ok")
+
+
 SCENARIOS = {"collectives": collectives_scenario, "failure": failure_scenario,
              "slot_holder": slot_holder_scenario, "late_reader": late_reader_scenario,
              "two_shot": two_shot_scenario, "exchanged_passes": exchanged_passes_scenario,
@@ -1818,7 +1850,7 @@ SCENARIOS = {"collectives": collectives_scenario, "failure": failure_scenario,
              "shared_scatter": shared_scatter_scenario,
              "one_sided_broadcast": one_sided_broadcast_scenario,
              "kept_own": kept_own_scenario, "pair_roads": pair_roads_scenario,
-             "input_roads": input_roads_scenario}
+             "input_roads": input_roads_scenario, "uneven_passes": uneven_passes_scenario}
 
 if __name__ == "__main__":
     record_regions()

@@ -1890,9 +1890,11 @@ class SlotTransport(Transport):
         road = InputRoad(copied, taken) if by_address and self.roads is not None \
             and self.input_roads and 0 < nbytes <= self._area_bytes and taken and copied \
             else None
-        # Every rank's area of each turn's parity: where it lies here, and as its input.
+        # Every rank's area of each turn's parity: where it lies here, and as its input (read
+        # in place, an owner whose area holds its input may still put it there: `road`; its
+        # readers follow it, whatever their own roads).
         areas_at, areas = [[], []], [[], []]
-        if not by_address or road is not None:
+        if not by_address or nbytes <= self._area_bytes:
             for parity in range(2):
                 lo = SLOTS * self.slot_bytes + parity * self._area_bytes
                 areas_at[parity] = [d.ctypes.data + lo for d in self._data]
@@ -2020,7 +2022,7 @@ class SlotTransport(Transport):
                         started = time.perf_counter()
                         ctypes.memmove(base + at[where], areas_at[parity][r] + lo, length)
                         road.took("out", time.perf_counter() - started, length)
-                    elif into is not None:
+                    elif into is not None or by_address:
                         ctypes.memmove(base + at[where], areas_at[parity][r] + lo, length)
                     continue
                 if theirs & REGISTERED:
