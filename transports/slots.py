@@ -2018,12 +2018,11 @@ class SlotTransport(Transport):
             for r, lo, length, at, what in wanted:
                 theirs = self._ctl[r][address[parity]]
                 if not theirs:  # in its area: returned as it is, unless placed (or read in
-                    if road is not None:  # place: into scratch), its copy timed
+                    if into is not None or by_address:  # place: into scratch)
                         started = time.perf_counter()
                         ctypes.memmove(base + at[where], areas_at[parity][r] + lo, length)
-                        road.took("out", time.perf_counter() - started, length)
-                    elif into is not None or by_address:
-                        ctypes.memmove(base + at[where], areas_at[parity][r] + lo, length)
+                        if road is not None:
+                            road.took("out", time.perf_counter() - started, length)
                     continue
                 if theirs & REGISTERED:
                     ctypes.memmove(base + at[where], self._mapped(r, theirs) + lo, length)
@@ -2033,14 +2032,12 @@ class SlotTransport(Transport):
                     if self._ctl[r][shared + 6] < turn:
                         self.wait(lambda: self._ctl[r][shared + 6] >= turn, r,
                                   "its part of an input")
-                elif road is not None:
+                else:
                     started = time.perf_counter()
                     self._move(read_peer_bytes, r, what, (theirs & ~SHARED) + lo,
                                base + at[where], length)
-                    road.took("read", time.perf_counter() - started, length)
-                else:
-                    self._move(read_peer_bytes, r, what, (theirs & ~SHARED) + lo,
-                               base + at[where], length)
+                    if road is not None:
+                        road.took("read", time.perf_counter() - started, length)
                 if inputs is not None:
                     inputs[r] = scratched[r]
             if asks:
