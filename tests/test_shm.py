@@ -1208,6 +1208,47 @@ def test_place_lands_rank_rs_bytes_in_block_r_or_one_read_in_a_block_of_its_own(
         place(inputs, None, numpy.zeros(8, numpy.uint8))
 
 
+def test_direct_moves_whose_ends_nearly_alias_go_through_a_bounce_and_land_whole(monkeypatch):
+    """A direct read or write whose destination lies 1 to 15 bytes past its source within a
+    page, of SHIFTED_LEAST or more, goes through the bounce buffer (`_shifted`), every other
+    straight; either way every byte lands where it belongs and none beside it. (This process
+    reads and writes itself, as it may.)"""
+    from transports import shared_memory
+
+    from mpi4py import MPI
+
+    if not shared_memory.can_read_peers(MPI.COMM_SELF, [os.getpid()]):
+        pytest.skip("this machine refuses process_vm_readv")
+    bounced = []
+    shifted = shared_memory._shifted
+    monkeypatch.setattr(shared_memory, "_shifted",
+                        lambda *args: (bounced.append(args[4]), shifted(*args)))
+    longest = 2 * shared_memory.BOUNCE_BYTES + 7  # three pieces, the last one short
+    source = numpy.random.default_rng(1).integers(0, 256, longest + 4 * 4096, numpy.uint8)
+    into = numpy.zeros_like(source)
+    page = source.ctypes.data + -source.ctypes.data % 4096  # each end from a page start
+    landing = into.ctypes.data + -into.ctypes.data % 4096
+    least = shared_memory.SHIFTED_LEAST
+    for nbytes in (100, least - 1, least, shared_memory.BOUNCE_BYTES, longest):
+        for start, end in ((0, 0), (0, 4), (0, 15), (0, 16), (4, 0), (1000, 1008), (5, 4101)):
+            for how in ("read", "write"):
+                into[...] = 0
+                before = len(bounced)
+                if how == "read":
+                    shared_memory.read_peer_bytes(os.getpid(), page + start, landing + end,
+                                                  nbytes)
+                else:
+                    shared_memory.write_peer_bytes(os.getpid(), landing + end, page + start,
+                                                   nbytes)
+                lo = landing + end - into.ctypes.data
+                assert numpy.array_equal(into[lo:lo + nbytes],
+                                         source[page + start - source.ctypes.data:][:nbytes])
+                assert not into[:lo].any() and not into[lo + nbytes:].any()
+                aliases = 0 < (end - start) % 4096 < 16
+                assert len(bounced) - before == (aliases and nbytes >= least), \
+                    (nbytes, start, end, how)
+
+
 def test_placing_lands_what_place_lands_one_whole_block_by_one_assignment(monkeypatch):
     """`placing(reads)`, made once for an exchange, lands the same bytes as `place`: one rank's
     whole input into a block of its shape and dtype (a broadcast's) by one assignment, which
