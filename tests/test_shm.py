@@ -1191,6 +1191,32 @@ def test_a_kind_of_sendrecv_prefers_reads_only_while_they_cost_under_the_margin(
     assert road.next() == (IN_PLACE, MESSAGES | IN_PLACE, False)
 
 
+def test_a_crowded_send_is_left_in_place_while_its_copies_cost_over_slow():
+    """`CrowdedRoad`: WARM timed calls through the area, the cost the least of them; then
+    through the area, one call in SAMPLE timed, while copies cost at most SLOW a byte; else
+    in place, but for a run of RUN calls through the area once in EXPLORE calls, the last of
+    them timed."""
+    from transports.slots import CrowdedRoad
+
+    road = CrowdedRoad()
+    assert [road.next() for _ in range(CrowdedRoad.WARM)] == [(False, True)] * CrowdedRoad.WARM
+    for nbytes_time in [9e-9] + [0.05e-9] * (CrowdedRoad.WARM - 1):  # the first cold
+        road.took(nbytes_time * 1000, 1000)
+    assert road.cost == pytest.approx(0.05e-12 * 1000)
+    calls = [road.next() for _ in range(2 * CrowdedRoad.SAMPLE)]
+    assert [left for left, _ in calls] == [False] * len(calls)
+    assert sum(timed for _, timed in calls) == 2  # one in SAMPLE
+    road.took(1.0, 1000)  # a copy the scheduler could not have slowed so: 4x the mean
+    assert road.cost == pytest.approx(50e-12 + CrowdedRoad.WEIGHT * (4 * 50e-12 - 50e-12))
+    road.cost = 4 * CrowdedRoad.SLOW
+    road.calls = 0
+    calls = [road.next() for _ in range(2 * CrowdedRoad.EXPLORE)]
+    through = [call for call, (left, _) in enumerate(calls, 1) if not left]
+    explore, run = CrowdedRoad.EXPLORE, CrowdedRoad.RUN
+    assert through == [c for k in (1, 2) for c in range(k * explore - run + 1, k * explore + 1)]
+    assert [call for call, (_, timed) in enumerate(calls, 1) if timed] == [explore, 2 * explore]
+
+
 def test_place_lands_rank_rs_bytes_in_block_r_or_one_read_in_a_block_of_its_own():
     """`place`: the bytes each read names, rank r's in block r of `into`; where one read only
     is not empty (a broadcast's) and `into` holds that one block, there; where `into` holds
@@ -1644,6 +1670,48 @@ def pair_roads_scenario() -> None:
         print("pair roads ok", flush=True)
 
 
+def crowded_ring_scenario() -> None:
+    """Ring shifts of 64 KiB (PAIR_ROADS_FROM) on ranks that share cores: each rank's send
+    goes through its pair area while its `CrowdedRoad` says copies cost at most SLOW a byte,
+    and is left in place, its receiver reading it, while they cost more, but for the runs
+    through the area that keep the cost known (the costs set by hand, every rank alike). Every
+    message lands whole, whichever road; a rank reads exactly when its sender left it."""
+    from transports.slots import IN_PLACE, INLINE, PAIR_ROADS_FROM, CrowdedRoad
+
+    os.environ["RINGCC_SINGLE_COPY"] = "1"
+    with collectives.init("shm", timeout=30) as comm:
+        rank, size, transport = comm.rank, comm.size, comm._transport
+        if not transport.single_copy:
+            print("crowded ring: no direct reads here", flush=True)
+            return
+        if transport.crowded_roads is None:  # (every rank has a core here: as if not)
+            transport.crowded_roads = {}
+        dst, src, count = (rank + 1) % size, (rank - 1) % size, PAIR_ROADS_FROM // 8
+        road = transport.crowded_roads[(dst, count * 8)] = CrowdedRoad()
+        road.times, road.cost, road.took = CrowdedRoad.WARM, 0.0, lambda *args: None
+        reads: list[int] = []
+        read = transport.memory.read
+        transport.memory.read = lambda pid, address, into: (reads.append(into.nbytes),
+                                                            read(pid, address, into))
+        roads = []
+        calls = 2 * CrowdedRoad.EXPLORE
+        for call in range(1, calls + 1):
+            if call == CrowdedRoad.EXPLORE // 2:
+                road.cost = 2 * CrowdedRoad.SLOW  # copies dear from here on
+            before = len(reads)
+            got = comm.sendrecv(cases.values(rank + call, count, "float64"), dst, src=src)
+            numpy.testing.assert_array_equal(got, cases.values(src + call, count, "float64"))
+            mark = cases._last_mark(transport, dst) & (INLINE | IN_PLACE)
+            roads.append("area" if mark == INLINE else "place")
+            assert (len(reads) > before) == (mark == IN_PLACE), call  # src did as we did
+        explore, run = CrowdedRoad.EXPLORE, CrowdedRoad.RUN
+        expected = ["area"] * (explore // 2 - 1) + ["place"] * (explore // 2 - run + 1)
+        expected += ["area"] * run + ["place"] * (explore - run) + ["area"] * run
+        assert roads == expected, [(i + 1, r) for i, (r, e) in enumerate(zip(roads, expected))
+                                   if r != e][:5]
+        print("crowded ring ok", flush=True)
+
+
 def kept_own_scenario() -> None:
     """A reduce-scatter whose inputs are read in place reduces its own block where it lies in
     its input (`Transport.keeps_own`): the exchange copies nothing of it, by the lane and by
@@ -1875,6 +1943,10 @@ def test_inputs_read_in_place_go_through_the_areas_where_their_owners_choose():
     scenario_ends_well("input_roads", 2, "input roads ok")
 
 
+def test_a_crowded_ring_shift_goes_through_the_areas_or_in_place_as_its_copies_cost():
+    scenario_ends_well("crowded_ring", 3, "crowded ring ok")
+
+
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_exchanged_passes_of_uneven_chunks_agree_on_every_rank(ranks):
     scenario_ends_well("uneven_passes", ranks, "uneven passes ok")
@@ -1891,7 +1963,8 @@ SCENARIOS = {"collectives": collectives_scenario, "failure": failure_scenario,
              "shared_scatter": shared_scatter_scenario,
              "one_sided_broadcast": one_sided_broadcast_scenario,
              "kept_own": kept_own_scenario, "pair_roads": pair_roads_scenario,
-             "input_roads": input_roads_scenario, "uneven_passes": uneven_passes_scenario}
+             "input_roads": input_roads_scenario, "uneven_passes": uneven_passes_scenario,
+             "crowded_ring": crowded_ring_scenario}
 
 if __name__ == "__main__":
     record_regions()

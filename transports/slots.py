@@ -233,6 +233,18 @@ announces after. Measured on 3 and 4 ranks sharing 2 cores (docs/performance.md,
 read in place"), a 1 MiB ring shift ran at 0.79x-0.89x MPICH's speed in the same job on 3 ranks
 where the general way ran at 0.51x-0.60x, and at 0.65x-0.76x against 0.50x-0.57x on 4.
 
+Crowded ring shifts. Where ranks outnumber the cores, a ring shift's send of PAIR_ROADS_FROM up
+to a pair area goes through the area while the rank's copies into its areas cost at most
+CrowdedRoad.SLOW a byte, and is left in place for its receiver to read while they cost more
+(`CrowdedRoad`, one per kind of send: now and then it copies into the area all the same, so
+that the cost stays known). Its copies are timed in the rank's CPU time, not the clock's: a
+rank that shares a core loses it in the middle of a copy, which the clock would count. The
+receiver takes the message from wherever the sender's mark says (`_take_pair`), so each sender
+chooses alone. On the third machine copies into memory that a peer on the other core last read
+swing with the machine, from job to job: a 256 KiB copy into a pair area took 7.5 us of CPU in
+one job and 81-112 in the next, and 3 ranks' 256 KiB ring shift 59-64 us against 250-265
+(docs/performance.md, "Crowded ring shifts by the cost of their copies").
+
 One-sided moves. Where direct reads work, a collective may move blocks itself (`locate`,
 `get`): an exchange carries where a buffer lies (its address word, as for inputs read in
 place: in registered memory a region and offset, copied out of the reader's own mapping), and
@@ -678,6 +690,52 @@ class Sharing:
                            self.OUTLIER)
 
 
+class CrowdedRoad:
+    """Whether a ring shift's send on ranks that share cores goes through the pair area, or is
+    left in place for its receiver to read (see "Crowded ring shifts").
+
+    Through the area it costs the sender a copy, which runs out of the caches or, where the
+    receiver on the other core read the area last and the machine is in a slow spell, at ten
+    times that. So the sender times its copies into its areas in CPU time, and leaves its sends
+    in place while they cost more than SLOW a byte. It starts through the areas, for WARM
+    timed calls, from the least it saw there (the first copies, and the first after a while
+    in place, run cold), then keeps a running mean, each time counted for at most OUTLIER
+    times the mean; it times one call of SAMPLE through the areas. While in place, once in
+    EXPLORE calls it goes through the areas for RUN calls, the last one timed, so that the
+    cost stays known.
+    """
+
+    SLOW = Sharing.SLOW
+    WARM = 16
+    SAMPLE = 8
+    EXPLORE = 256
+    RUN = 3
+    WEIGHT = 0.5
+    OUTLIER = 4
+
+    def __init__(self) -> None:
+        self.cost: float | None = None  # seconds of CPU a byte of a copy into the area, lately
+        self.times = 0  # copies timed
+        self.calls = 0
+
+    def next(self) -> tuple[bool, bool]:
+        """The next send: whether it is left in place, and whether its copy (through the
+        area) is timed."""
+        self.calls = calls = self.calls + 1
+        if self.times < self.WARM:
+            return False, True
+        if self.cost <= self.SLOW:
+            return False, calls % self.SAMPLE == 0
+        left = -calls % self.EXPLORE  # calls until the next run through the areas ends
+        return left >= self.RUN, left == 0
+
+    def took(self, seconds: float, nbytes: int) -> None:
+        """Fold a timed copy of `nbytes` into the area, which took `seconds` of CPU."""
+        self.times += 1
+        self.cost = folded(self.cost, seconds / nbytes, self.times, self.WARM, self.WEIGHT,
+                           self.OUTLIER)
+
+
 class InputRoad:
     """Whether an input of one kind of one-shot exchange read in place (an all-to-all's, an
     all-gather's, a reduce-scatter's, of DIRECT_INPUT_BYTES or more taken of each, see "Inputs
@@ -854,6 +912,12 @@ class SlotTransport(Transport):
         self.shares_inputs_from = SHARED_BYTES \
             if self.shares_from is not None and size == 2 else None
         self.sharing = Sharing()  # whether such an input, or a one-way message, is shared now
+        # Where ranks outnumber the cores, each kind of ring shift's send of PAIR_ROADS_FROM or
+        # more goes through the area or is left in place as its own `CrowdedRoad` has measured
+        # (see "Crowded ring shifts"), by (peer, bytes sent), kept as the exchanges are; None:
+        # where every rank has a core, or no direct reads.
+        self.crowded_roads: dict[tuple[int, int], CrowdedRoad] | None = {} \
+            if self.oversubscribed and self.single_copy and self.memory.in_host_region else None
         self._registered: list[list[Any]] = []  # per registered region: every rank's mapping
         self._registered_at: list[tuple[int, int]] = []  # per region: our mapping's [lo, hi)
         self._mapped_at: list[list[int]] = []  # per region: where we map each rank's
@@ -1307,6 +1371,14 @@ class SlotTransport(Transport):
             roads = kept(self.pair_roads, (peer, sent_bytes, expected_bytes), KEPT_EXCHANGES,
                          PairRoad)
         fixed = (how, MESSAGES | how, False)  # a call's road, its mark, whether it is timed
+        # A crowded ring shift's send: through the area or left in place, call by call, as
+        # its copies cost (see "Crowded ring shifts"); the call under way in `current`.
+        crowded = None
+        if self.crowded_roads is not None and ring and how == INLINE and sent_bytes is not None \
+                and sent_bytes >= PAIR_ROADS_FROM and reads_from is not None:
+            crowded = kept(self.crowded_roads, (peer, sent_bytes), KEPT_EXCHANGES, CrowdedRoad)
+        current = [fixed]
+        in_place = (IN_PLACE, MESSAGES | IN_PLACE, False)
         c_sent, c_expected, dtypes = kind
         mirrored = swapped_dtypes(dtypes)  # the peer's dtypes word
         ours, theirs = self._own, self._ctl[peer]
@@ -1332,6 +1404,10 @@ class SlotTransport(Transport):
             turn = pairs[peer] + 1
             line = says[turn & 1]
             road, first, timed = fixed if roads is None else roads.next()
+            gauged = False  # (a crowded send's copy timed)
+            if crowded is not None:
+                left, gauged = crowded.next()
+                road, first, timed = current[0] = in_place if left else fixed
             if timed:
                 first |= roads.say()
             if road == INLINE:
@@ -1341,9 +1417,13 @@ class SlotTransport(Transport):
                             numpy.frombuffer(out, mine.dtype, mine.size) for out in outs]
                     if timed:
                         started = time.perf_counter()
+                    elif gauged:
+                        started = time.thread_time()
                     typed[2][turn & 1][...] = mine
                     if timed:
                         roads.copied = time.perf_counter() - started
+                    elif gauged:
+                        crowded.took(time.thread_time() - started, mine.nbytes)
             elif mine is not None:
                 ours[line + WORDS - 1] = buffer_address(mine)
             pairs[peer] = turn  # (`_say`)
@@ -1363,7 +1443,7 @@ class SlotTransport(Transport):
                     break
                 polls -= 1
             heard = PAIR_WORDS.unpack_from(their_bytes, (line + 1) * 8)
-            road, first, timed = fixed if roads is None else roads.call
+            road, first, timed = current[0] if roads is None else roads.call
             if timed:  # (the peer's preference, then its words as they are without it)
                 roads.heard(heard[0])
                 heard = (heard[0] & ~PREFERS_READ, *heard[1:])
