@@ -1329,6 +1329,14 @@ def test_an_input_is_shared_while_copies_into_the_area_cost_more_than_slow():
     for _ in range(10):  # and dear again: shared
         sharing.took(2 * slow, 1000)
     assert sharing.shares()
+    bounded = Sharing(4 * Sharing.SLOW)  # (another bound: a reduced message's, REDUCED_SLOW)
+    for _ in range(Sharing.WARM):
+        bounded.took(2 * slow, 1000)
+    bounded.explored = math.inf
+    assert not bounded.shares()
+    for _ in range(10):
+        bounded.took(8 * slow, 1000)
+    assert bounded.shares()
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
@@ -1712,6 +1720,39 @@ def crowded_ring_scenario() -> None:
         print("crowded ring ok", flush=True)
 
 
+def reduced_sends_scenario() -> None:
+    """A message sent one way that its receiver reduces (a scan's on two ranks, 4 MiB), where
+    every rank has a core, goes through the slots while its sender's copies into them cost at
+    most REDUCED_SLOW a byte, and is read directly by its receiver, a piece at a time, while
+    they cost more (the costs set by hand). The results are NumPy's either way."""
+    from transports.slots import REDUCED_SLOW
+
+    os.environ["RINGCC_SINGLE_COPY"] = "1"
+    with collectives.init("shm", timeout=30) as comm:
+        rank, transport = comm.rank, comm._transport
+        if transport.roads is None:
+            print("reduced sends: no direct reads here", flush=True)  # (or no core each)
+            return
+        reads: list[int] = []
+        read = transport.memory.read
+        transport.memory.read = lambda pid, address, into: (reads.append(into.nbytes),
+                                                            read(pid, address, into))
+        sending = transport.reduced_sends
+        sending.times, sending.explored = sending.WARM, math.inf  # (no exploring)
+        sending.took = lambda *args: None
+        count = 1 << 19  # float64: 4 MiB, more than a one-shot scan takes
+        mine = cases.values(rank, count, "float64")
+        wanted = cases.values(0, count, "float64") + cases.values(1, count, "float64")
+        for cost, direct in ((REDUCED_SLOW / 2, False), (2 * REDUCED_SLOW, True),
+                             (REDUCED_SLOW / 2, False)):
+            sending.cost = cost
+            before = len(reads)
+            got = comm.scan(mine)
+            numpy.testing.assert_array_equal(got, mine if rank == 0 else wanted)
+            assert (len(reads) > before) == (direct and rank == 1), (cost, reads[before:])
+        print("reduced sends ok", flush=True)
+
+
 def kept_own_scenario() -> None:
     """A reduce-scatter whose inputs are read in place reduces its own block where it lies in
     its input (`Transport.keeps_own`): the exchange copies nothing of it, by the lane and by
@@ -1943,6 +1984,10 @@ def test_inputs_read_in_place_go_through_the_areas_where_their_owners_choose():
     scenario_ends_well("input_roads", 2, "input roads ok")
 
 
+def test_a_reduced_message_is_read_directly_while_copies_into_the_slots_are_slow():
+    scenario_ends_well("reduced_sends", 2, "reduced sends ok")
+
+
 def test_a_crowded_ring_shift_goes_through_the_areas_or_in_place_as_its_copies_cost():
     scenario_ends_well("crowded_ring", 3, "crowded ring ok")
 
@@ -1964,7 +2009,7 @@ SCENARIOS = {"collectives": collectives_scenario, "failure": failure_scenario,
              "one_sided_broadcast": one_sided_broadcast_scenario,
              "kept_own": kept_own_scenario, "pair_roads": pair_roads_scenario,
              "input_roads": input_roads_scenario, "uneven_passes": uneven_passes_scenario,
-             "crowded_ring": crowded_ring_scenario}
+             "crowded_ring": crowded_ring_scenario, "reduced_sends": reduced_sends_scenario}
 
 if __name__ == "__main__":
     record_regions()

@@ -303,6 +303,14 @@ CROWDED_DIRECT_BYTES = 512 << 10
 # through the slots took 407-410 (each 256 KiB copy into a slot ran some 50 us), a 4 MiB one
 # 480-513 against 922-952.
 REDUCED_DIRECT_BYTES = 512 << 10
+# A message sent one way that its receiver reduces (a scan's, a reduce's) goes through the slots,
+# its sender copying while its receiver reduces, unless those copies cost more than this a byte:
+# then its receiver reads it directly and reduces it alone. On the third machine a 16 MiB scan's
+# copies into the slots cost 75-125 ps a byte in some jobs and 357-452 in others (copies into
+# memory the other core read last), where the scan took 2.4-3.4 ms, and 8.7-9.2 through the
+# slots; read directly in those, 3.6-4.5 (docs/performance.md, "Crowded ring shifts by the
+# cost of their copies").
+REDUCED_SLOW = 250e-12
 # A direct read that is reduced goes through scratch this much at a time: fewer system calls,
 # each pinning the peer's pages, while a piece stays in the caches to be reduced. Measured on
 # 2 ranks, a 16 MiB all-reduce alternating the forwarded step ("Forwarded results") with the
@@ -652,7 +660,8 @@ class Sharing:
     memory that a peer last read costs several times a local copy (the owner's copy in took
     170-220 ps a byte, against about 50 in a fast spell), and sharing wins: 196-211 us
     through the areas, 84-104 shared. So the owner times its copies into its area, and shares
-    while they cost more than SLOW a byte (and a sender, its copies into its slots). Once every
+    while they cost more than SLOW a byte (and a sender, its copies into its slots; a `Sharing`
+    made with another bound, `reduced_sends`, shares above that). Once every
     EXPLORE_SECONDS it copies into its area all the same, so that the cost stays known. It
     starts through the area, for WARM calls, from the least it saw there (the first copies run
     cold), then keeps a running mean of what the copies cost, each time counted for at most
@@ -665,7 +674,8 @@ class Sharing:
     WEIGHT = 0.5  # of the newest time in the running mean
     OUTLIER = 4
 
-    def __init__(self) -> None:
+    def __init__(self, slow: float = SLOW) -> None:
+        self.slow = slow  # SLOW, or another bound for another kind of copy
         self.cost: float | None = None  # seconds a byte of a copy into the area, lately
         self.times = 0  # copies timed
         self.explored = time.monotonic()  # when an input last went through the area
@@ -674,7 +684,7 @@ class Sharing:
         """Whether the next input or message that may be shared is: not while warming up, nor
         once every EXPLORE_SECONDS; else while copies into the area cost more than SLOW a
         byte."""
-        if self.times < self.WARM or self.cost is None or self.cost <= self.SLOW:
+        if self.times < self.WARM or self.cost is None or self.cost <= self.slow:
             return False
         now = time.monotonic()
         if now - self.explored < self.EXPLORE_SECONDS:
@@ -912,6 +922,10 @@ class SlotTransport(Transport):
         self.shares_inputs_from = SHARED_BYTES \
             if self.shares_from is not None and size == 2 else None
         self.sharing = Sharing()  # whether such an input, or a one-way message, is shared now
+        # Whether a one-way message that its receiver reduces is read directly now, where every
+        # rank has a core (`_stream`, "Direct reads"): while copies into the slots cost more
+        # than REDUCED_SLOW a byte.
+        self.reduced_sends = Sharing(REDUCED_SLOW)
         # Where ranks outnumber the cores, each kind of ring shift's send of PAIR_ROADS_FROM or
         # more goes through the area or is left in place as its own `CrowdedRoad` has measured
         # (see "Crowded ring shifts"), by (peer, bytes sent), kept as the exchanges are; None:
@@ -960,19 +974,22 @@ class SlotTransport(Transport):
         self._stream(sendbuf, dst, accbuf, src, op, inbuf)
 
     def _send_reduced(self, sendbuf: Any, dst: int) -> None:
-        # A receiver streams it whole, reducing each slot as it comes.
-        self._stream(sendbuf, dst, None, None, None, None, shared=False)
+        # A receiver streams it whole, reducing each slot as it comes; or, where it is read
+        # directly (`reduced_sends`), reads and reduces it a piece at a time.
+        self._stream(sendbuf, dst, None, None, None, None, shared=False, reduced=True)
 
     def _stream(self, sendbuf: Any | None, dst: int | None, recvbuf: Any | None,
                 src: int | None, op: ReduceOp | None, inbuf: Any | None,
-                shared: bool = True) -> None:
+                shared: bool = True, reduced: bool = False) -> None:
         """Publish `sendbuf` to `dst` while taking `recvbuf` from `src`, a slot at a time or
         by a direct read (with `op`: recvbuf = op(inbuf, what arrives)). A middle-sized copy
         goes by the road measured cheaper, and its copies are timed now and then (`Roads`);
         where ranks outnumber the cores, by direct read from CROWDED_DIRECT_BYTES.
         A large message sent one way only goes shared, where `shared` and every rank has a
         core (see "Shared copies"); below DIRECT_BYTES, while `Sharing` says so, else
-        through the slots, its copies into them timed for `Sharing`."""
+        through the slots, its copies into them timed for `Sharing`. One whose receiver
+        reduces it (`reduced`) of REDUCED_DIRECT_BYTES or more, where every rank has a core, is
+        read directly while `reduced_sends` says so, else goes through the slots, timed."""
         slot = self.slot_bytes
         if op is None and not self._registered \
                 and (sendbuf is None or sendbuf.nbytes <= self._one_segment_bytes) \
@@ -986,6 +1003,13 @@ class SlotTransport(Transport):
                   and self.shares_from is not None and out.size >= self.shares_from)
         gauged = shared and out.size < DIRECT_BYTES and not self.sharing.shares()
         shared = shared and not gauged
+        gauge = self.sharing if gauged else None  # (where the slots' copies are timed for)
+        # (A one-way message its receiver reduces: read directly, or through the slots, timed.)
+        leaves = False
+        if reduced and self.roads is not None and region is None \
+                and out.size >= REDUCED_DIRECT_BYTES:
+            leaves = self.reduced_sends.shares()
+            gauge = None if leaves else self.reduced_sends
         roads = self.roads if op is None and out is not None and into is not None else None
         # (A message its receiver reduces: read directly from REDUCED_DIRECT_BYTES, where
         # every rank has a core. Sent while receiving, its receiver reduces too.)
@@ -993,7 +1017,7 @@ class SlotTransport(Transport):
             and out.size >= REDUCED_DIRECT_BYTES
         direct_from = self.copies_direct_from if op is None else DIRECT_BYTES
         middle = roads is not None and region is None and self._middle(out.size)
-        direct = out is not None and (region is not None or shared or self.single_copy
+        direct = out is not None and (region is not None or shared or leaves or self.single_copy
                                       and into is not None and (out.size >= direct_from
                                                                 or middle and roads.direct()
                                                                 or reduced_directly))
@@ -1005,8 +1029,8 @@ class SlotTransport(Transport):
                 publish = roads.timed("in", publish)
             if timed:
                 take = roads.timed("out", take)
-        spent = 0.0  # seconds in copies into the slots, where `gauged`
-        if gauged:
+        spent = 0.0  # seconds in copies into the slots, where `gauge`
+        if gauge is not None:
             untimed = publish
 
             def timed_publish(piece: Any, dst: int, nbytes: int) -> None:
@@ -1079,8 +1103,8 @@ class SlotTransport(Transport):
                     self.wait(lambda: self._has_taken(*read_by), dst, "its message to be read")
                 if sampled:
                     roads.settle()
-                if gauged:
-                    self.sharing.took(spent, out.size)
+                if gauge is not None:
+                    gauge.took(spent, out.size)
                 return
             self.wait(lambda: (k_out < n_out and self._slot_free())
                       or (k_in < n_in and self._find(src) is not None),
