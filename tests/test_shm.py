@@ -53,6 +53,15 @@ def record_regions() -> None:
     shared_memory.create_region = recording
 
 
+def counted_reads(transport) -> list[int]:
+    """The bytes of each direct read `transport` makes from now on, as a list that grows."""
+    reads: list[int] = []
+    read = transport.memory.read
+    transport.memory.read = lambda pid, address, into: (reads.append(into.nbytes),
+                                                        read(pid, address, into))
+    return reads
+
+
 def check_everywhere(comm, world, case: str, check, **example) -> None:
     """Run `cases.<case>` on every rank; rank 0 checks all the results with `check`."""
     results = world.gather(getattr(cases, case)(comm, **example))
@@ -1647,10 +1656,7 @@ def pair_roads_scenario() -> None:
         if transport.roads is None:
             print("pair roads: no direct reads here", flush=True)
             return
-        reads: list[int] = []
-        read = transport.memory.read
-        transport.memory.read = lambda pid, address, into: (reads.append(into.nbytes),
-                                                            read(pid, address, into))
+        reads = counted_reads(transport)
         count, prefers = 8192, [rank == 0]  # float64s: 64 KiB each way (PAIR_ROADS_FROM)
         roads: list[str] = []
         for call in range(1, 2 * PairRoad.SAMPLE * PairRoad.EXPLORE + 1):
@@ -1697,10 +1703,7 @@ def crowded_ring_scenario() -> None:
         dst, src, count = (rank + 1) % size, (rank - 1) % size, PAIR_ROADS_FROM // 8
         road = transport.crowded_roads[(dst, count * 8)] = CrowdedRoad()
         road.times, road.cost, road.took = CrowdedRoad.WARM, 0.0, lambda *args: None
-        reads: list[int] = []
-        read = transport.memory.read
-        transport.memory.read = lambda pid, address, into: (reads.append(into.nbytes),
-                                                            read(pid, address, into))
+        reads = counted_reads(transport)
         roads = []
         calls = 2 * CrowdedRoad.EXPLORE
         for call in range(1, calls + 1):
@@ -1733,10 +1736,7 @@ def reduced_sends_scenario() -> None:
         if transport.roads is None:
             print("reduced sends: no direct reads here", flush=True)  # (or no core each)
             return
-        reads: list[int] = []
-        read = transport.memory.read
-        transport.memory.read = lambda pid, address, into: (reads.append(into.nbytes),
-                                                            read(pid, address, into))
+        reads = counted_reads(transport)
         sending = transport.reduced_sends
         sending.times, sending.explored = sending.WARM, math.inf  # (no exploring)
         sending.took = lambda *args: None
