@@ -110,3 +110,17 @@ def test_a_sendrecv_whose_send_went_ahead_is_put_in_steps_as_its_halves():
     # (Where a step can hold each sendrecv whole, it does: a ring shift is one step.)
     ring = [[record((r + 1) % 3, (r - 1) % 3)] for r in range(3)]
     assert [len(frame) for frame in schedule(ring)] == [3]
+
+
+def test_a_sendrecv_whose_peer_sent_ahead_may_receive_before_it_sends():
+    """A ring of four where rank 2 sent before it received (its halves apart), while ranks 3,
+    0 and 1 each moved both halves at once: 3 received 2's message, then 0 received 3's and
+    1 received 0's in the same step, and 1's message reached 2 a step later. Each rank that
+    moved both at once received before, or with, its send."""
+    def record(dst, src):
+        return {"dst": dst, "src": src, "send": [0, 2], "recv": [0, 2], "kind": "copy",
+                "phase": "sendrecv", "bytes": 16}
+    records = [[record(1, 3)], [record(2, 0)], [record(3, None), record(None, 1)],
+               [record(0, 2)]]
+    assert [[(move.src, move.dst) for move in frame] for frame in schedule(records)] == \
+        [[(0, 1), (2, 3), (3, 0)], [(1, 2)]]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 from dataclasses import dataclass
-from itertools import accumulate
 
 import numpy
 
@@ -45,11 +44,11 @@ def schedule(records: list[list[dict]]) -> list[list[Move]]:
     recorded. Each step is as early as these two rules allow.
 
     A record that both sends and receives (a sendrecv) is one step where the rules allow it.
-    Where they do not, its send went ahead of its receive: a sendrecv with two peers moves its
-    halves apart where one peer comes first (`point_to_point.two_peers`), and a rank that moved
-    both at once sent before it had received, so a ring of such ranks cannot be put in steps
-    with each sendrecv whole. Then every sendrecv is a send, then a receive, each in a step of
-    its own or together.
+    Where they do not, a rank moved its halves apart: a sendrecv with two peers does where one
+    peer comes first (`point_to_point.two_peers`), and the ring of its peers, who moved both
+    halves at once, then cannot be put in steps with each sendrecv whole. Then every sendrecv
+    is a send and a receive, in one step or either one first: a rank that moved both at once
+    may have received before it sent, or after.
     """
     try:
         return _steps(records, split=False)
@@ -62,7 +61,7 @@ class CycleOfWaits(ValueError):
 
 
 def _steps(records: list[list[dict]], split: bool) -> list[list[Move]]:
-    """`schedule`, each sendrecv whole, or `split` into its send and then its receive."""
+    """`schedule`, each sendrecv whole, or `split` into its send and its receive."""
     # Each rank's events: (its record, what of it: "send", "recv" or both), in order.
     events = [[(index, part) for index, record in enumerate(mine)
                for part in (("send", "recv") if split else ("both",))
@@ -86,20 +85,23 @@ def _steps(records: list[list[dict]], split: bool) -> list[list[Move]]:
     if any(sends.values()):
         raise ValueError("the trace has sends that no rank received")
 
-    # A rank's next event is a step later, but a sendrecv's receive may share its send's.
-    apart = [[int(k > 0 and mine[k][0] != mine[k - 1][0]) for k in range(len(mine))]
-             for mine in events]
-    time = [list(accumulate(gaps)) for gaps in apart]
+    # The events of one record (a split sendrecv's halves) may share a step or come in either
+    # order; each event of a rank's next record comes a step after all of them.
+    time = [[0] * len(mine) for mine in events]
     for _ in range(sum(map(len, events)) + 1):
         changed = False
         for a, i, b, j in pairs:
             both = max(time[a][i], time[b][j])
             changed |= (time[a][i], time[b][j]) != (both, both)
             time[a][i] = time[b][j] = both
-        for mine, gaps in zip(time, apart):
-            for k in range(1, len(mine)):
-                if mine[k] < mine[k - 1] + gaps[k]:
-                    mine[k], changed = mine[k - 1] + gaps[k], True
+        for mine, when in zip(events, time):
+            latest, record, earliest = -1, None, 0
+            for k, (index, _) in enumerate(mine):
+                if index != record:
+                    record, earliest = index, latest + 1
+                if when[k] < earliest:
+                    when[k], changed = earliest, True
+                latest = max(latest, when[k])
         if not changed:
             break
     else:
