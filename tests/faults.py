@@ -126,17 +126,24 @@ def settle(request: MPI.Request, seconds: float) -> None:
         time.sleep(1e-3)
 
 
+def report(out: str, name: str, text: str) -> None:
+    """Write DIR/`name` whole or not at all: the job may be killed meanwhile (another rank's
+    abort), and the test must not read a file half written."""
+    path = os.path.join(out, name)
+    with open(path + ".part", "w") as part:
+        part.write(text)
+    os.replace(path + ".part", path)
+
+
 def main() -> None:
     out, transport, fault, timeout = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
     comm = collectives.init(transport, timeout=timeout, segment_bytes=4096)
-    with open(os.path.join(out, f"{comm.rank}.json"), "w") as report:
-        json.dump({"pid": os.getpid(), "files": sorted(shm_files())}, report)
+    report(out, f"{comm.rank}.json", json.dumps({"pid": os.getpid(), "files": sorted(shm_files())}))
     comm.all_reduce(data(comm))  # call #1 is right everywhere
     try:
         FAULTS[fault](comm)
     except Exception as error:
-        with open(os.path.join(out, f"{comm.rank}.raised"), "w") as report:
-            report.write(f"{type(error).__name__}: {error}")
+        report(out, f"{comm.rank}.raised", f"{type(error).__name__}: {error}")
         if fault in MISMATCHES:  # every rank raises: let each one say so before the abort
             settle(MPI.COMM_WORLD.Ibarrier(), 10)
         raise
