@@ -479,17 +479,25 @@ class _ScatterKind:
 
 
 def _messages(comm: Any, move: Callable[[], Any]) -> Any:
-    """`move()`, the messages of a lane (those that follow its exchange, or a message's own):
-    a pair that disagreed raises MismatchError on both ends, having taken no data; a
-    ValueError leaves the communicator usable (as calls.py); anything else breaks it."""
+    """`move()`, the messages of a lane (those that follow its exchange, or a message's own),
+    raising what `_failed` says where they fail."""
     try:
         return move()
-    except MessagesDiffer as differ:
-        raise MismatchError(str(differ)) from None
     except BaseException as error:
-        if not isinstance(error, (ValueError, TypeError)):
-            comm._break(error)
-        raise
+        raise _failed(comm, error)
+
+
+def _failed(comm: Any, error: BaseException) -> BaseException:
+    """What a lane's messages raise where they fail with `error`: a pair that disagreed,
+    MismatchError on both ends, having taken no data; a ValueError leaves the communicator
+    usable (as calls.py); anything else breaks it."""
+    if isinstance(error, MessagesDiffer):
+        mismatch = MismatchError(str(error))
+        mismatch.__suppress_context__ = True  # (`raise ... from None`)
+        return mismatch
+    if not isinstance(error, (ValueError, TypeError)):
+        comm._break(error)
+    return error
 
 
 def small_message(comm: Any, sendbuf: numpy.ndarray | None, dst: int | None,
@@ -567,7 +575,11 @@ def _ring_message(comm: Any, mine: numpy.ndarray, dst: Any, into: numpy.ndarray,
     name.sent = n_sent = counted.sent[dst] + 1
     name.received = n_expected = counted.received[src] + 1
     transport.begin(name, None, "sendrecv")
-    moved = _messages(comm, lambda: step(_flat(mine), _flat(into), n_sent, n_expected))
+    try:  # (`_messages` and `_flat`, written out)
+        moved = step(mine if mine.ndim == 1 else mine.reshape(-1),
+                     into if into.ndim == 1 else into.reshape(-1), n_sent, n_expected)
+    except BaseException as error:
+        raise _failed(comm, error)
     if moved is False:
         return False
     if moved is not True:  # the words of each peer, one pair's differing: raises
@@ -633,7 +645,10 @@ def _step_message(comm: Any, key: tuple, mine: numpy.ndarray | None, peer: Any,
     kind; the call's name for errors is made once too, and renumbered. At 8 B on 2 ranks on
     shm a sendrecv took 15.5-16.0 us before this function was written out (and the step's
     wait spun first), 10.6 after; a send and its recv took 40-41 us a way by the general
-    path, 8.3 by a step (docs/performance.md, "Messages of one kind, written out").
+    path, 8.3 by a step (docs/performance.md, "Messages of one kind, written out"). The
+    step's own call is written out too (no `_messages`, no `_flat`; `_failed` only where it
+    raises): on the third machine, alternating, 4.04-4.27 us -> 3.67-3.76, MPICH's 2.50-2.63
+    in the same jobs (`benchmarks.sendrecv -b 8 -e 8`).
     """
     transport = comm._transport
     if (type(peer) is not int or transport.trace is not None
@@ -650,9 +665,12 @@ def _step_message(comm: Any, key: tuple, mine: numpy.ndarray | None, peer: Any,
     name.sent = n_sent = 0 if mine is None else counted.sent[peer] + 1
     name.received = n_expected = 0 if into is None else counted.received[peer] + 1
     transport.begin(name, None, key[0])
-    moved = _messages(comm, lambda: step(None if mine is None else _flat(mine),
-                                         None if into is None else _flat(into),
-                                         n_sent, n_expected))
+    try:  # (`_messages` and `_flat`, written out)
+        moved = step(mine if mine is None or mine.ndim == 1 else mine.reshape(-1),
+                     into if into is None or into.ndim == 1 else into.reshape(-1),
+                     n_sent, n_expected)
+    except BaseException as error:
+        raise _failed(comm, error)
     if moved is False:
         return False
     if moved is not True:  # the peer's words, which differ: raises

@@ -438,3 +438,36 @@ def test_a_receive_met_by_a_collective_raises_on_both_ranks():
                        "rank 0 called barrier #1; the collective differs")
     assert receive == ("rank 1: rank 1 calls recv #1 (count 3, float64) with rank 0, which "
                        "makes a collective call")
+
+
+@pytest.mark.parametrize("src", [1, 2], ids=["one peer", "two peers"])
+@pytest.mark.parametrize("error, raised, broken", [
+    (check.MessagesDiffer("rank 0: the pair differs"), collectives.MismatchError, False),
+    (ValueError("rank 0: refused"), ValueError, False),
+    (collectives.CollectiveTimeoutError("rank 0 waited"), collectives.CollectiveTimeoutError,
+     True)])
+def test_a_readied_step_that_fails_raises_as_the_general_path_would(error, raised, broken, src):
+    """A sendrecv's readied step, with one peer or with two, that raises: a pair that
+    disagreed is a MismatchError, and a ValueError too leaves the communicator usable;
+    anything else (a timeout) breaks it, so its next call says why at once. (The steps are
+    stand-ins on thread ranks, whose transport readies none of its own.)"""
+    def fail(*args):
+        raise error
+
+    def body(comm):
+        if comm.rank == 0:
+            comm._transport.prepare_pair_message = lambda *args: fail
+            comm._transport.prepare_ring_message = lambda *args: fail
+            with pytest.raises(raised, match=str(error)) as caught:
+                comm.sendrecv(numpy.arange(3.0), 1, src=src)
+            assert type(caught.value) is raised and caught.value.__cause__ is None
+            assert caught.value.__suppress_context__ == (raised is not type(error))
+            if broken:
+                with pytest.raises(collectives.CollectiveError, match=re.escape(
+                        f"cannot be used since sendrecv (send #1 to rank 1, recv #1 from rank "
+                        f"{src}) failed (CollectiveTimeoutError: rank 0 waited)")):
+                    comm.barrier()
+        if not broken:
+            comm.barrier()  # every rank: rank 0 goes on
+
+    collectives.spawn(body, 3, timeout=TIMEOUT)
