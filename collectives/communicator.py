@@ -338,7 +338,8 @@ class Communicator:
         counts: uneven blocks, flat (MPI's Allgatherv; blocks.py): rank r sends counts[r]
         elements, and every rank gets all of them in rank order.
         """
-        if counts is None and (self._small(sendbuf, async_op)
+        if counts is None and (not async_op and type(sendbuf) is numpy.ndarray  # (`_small`)
+                               and 0 < sendbuf.nbytes <= self._small_bytes
                                or self._read_in_place(sendbuf, async_op, 1)):
             result = small_all_gather(self, sendbuf, recvbuf)
             if result is not GENERAL:

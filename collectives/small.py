@@ -268,18 +268,29 @@ def small_gather(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, root: i
 
 
 def small_all_gather(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None) -> Any:
-    """`comm.all_gather(sendbuf, recvbuf)` by the lane, or GENERAL: every rank copies every
-    rank's input into its block."""
+    """`comm.all_gather(sendbuf, recvbuf)` by the lane, or GENERAL: every rank's input, block
+    r from rank r, in `recvbuf` or a new array; placed there by the exchange where it may be
+    (`_placed`), else copied out of it."""
     if not _open(comm, sendbuf):
         return GENERAL
     size = comm._transport.size
     key = ("all_gather", sendbuf.dtype, sendbuf.shape)
     kind = comm._small_calls.get(key) or _learn(
         comm, key, "all_gather", sendbuf, reads=every_input(sendbuf.nbytes, size))
-    shape = (size, *sendbuf.shape)
-    if kind is None or recvbuf is not None and not _fits(recvbuf, shape, sendbuf.dtype):
+    if kind is None:
         return GENERAL
-    return _stacked(comm, kind[2], sendbuf, recvbuf, shape)
+    if recvbuf is None:
+        result = numpy.empty((size, *sendbuf.shape), sendbuf.dtype)
+    elif _fits(recvbuf, (size, *sendbuf.shape), sendbuf.dtype):
+        result = recvbuf
+    else:
+        return GENERAL
+    if sendbuf.nbytes >= PLACED_BYTES and _placed(result, sendbuf):
+        _exchange(comm, kind[2], sendbuf, result)
+        return result
+    for source, theirs in enumerate(_exchange(comm, kind[2], sendbuf)):
+        result[source] = theirs
+    return result
 
 
 def small_reduce_scatter(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None,
@@ -826,19 +837,6 @@ def _fits(recvbuf: Any, shape: tuple[int, ...], dtype: numpy.dtype) -> bool:
     return (type(recvbuf) is numpy.ndarray  # (a dtype equal but not the same object, and
             and recvbuf.dtype is dtype  # anything else, goes the general path)
             and recvbuf.shape == shape and recvbuf.flags.writeable)
-
-
-def _stacked(comm: Any, exchange: Any, sendbuf: numpy.ndarray, recvbuf: Any | None,
-             shape: tuple[int, ...]) -> numpy.ndarray:
-    """Every rank's input out of `exchange`, block r from rank r, in `recvbuf` or a new array
-    of `shape`: placed there by the exchange where it may be (`_placed`)."""
-    result = numpy.empty(shape, sendbuf.dtype) if recvbuf is None else recvbuf
-    if _placed(result, sendbuf):
-        _exchange(comm, exchange, sendbuf, result)
-        return result
-    for source, theirs in enumerate(_exchange(comm, exchange, sendbuf)):
-        result[source] = theirs
-    return result
 
 
 def _placed(result: numpy.ndarray, sendbuf: numpy.ndarray) -> bool:
