@@ -456,8 +456,9 @@ class Communicator:
 
     def broadcast(self, buf: Any, root: int = 0, *, async_op: bool = False) -> Any:
         """Copy the root's `buf` into `buf` on every rank (in place); returns `buf`."""
-        if self._small(buf, async_op) or self._one_sided(buf, async_op):
-            result = small_broadcast(self, buf, root)
+        if not async_op and type(buf) is numpy.ndarray \
+                and 0 < buf.nbytes <= self._small_bytes or self._one_sided(buf, async_op):
+            result = small_broadcast(self, buf, root)  # (`_small`, written out)
             if result is not GENERAL:
                 return result
         return self._broadcast(buf, root, async_op=async_op)

@@ -187,12 +187,18 @@ def small_reduce(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, op: str
 def small_broadcast(comm: Any, buf: numpy.ndarray, root: int) -> Any:
     """`comm.broadcast(buf, root)` by the lane, or GENERAL: every rank publishes its `buf`
     (the general path's exchange), and all but the root take the root's, into `buf`; or,
-    larger than that exchange holds, one-sided (`_one_sided_broadcast`)."""
-    if not _open(comm, buf) or not buf.flags.writeable or not _is_rank(comm, root):
+    larger than that exchange holds, one-sided (`_one_sided_broadcast`). (`_open` and
+    `_is_rank` written out: at 8 B each call of a function shows.)"""
+    transport = comm._transport
+    if (transport.trace is not None or transport.on_transfer is not None
+            or comm._broken is not None or transport.closed or not buf.flags.c_contiguous
+            or not buf.flags.writeable or type(root) is not int
+            or not 0 <= root < transport.size):
+        return GENERAL
+    if comm._progress.outstanding and not comm._progress.on_thread():
         return GENERAL
     if buf.nbytes > comm._small_bytes:
         return _one_sided_broadcast(comm, buf, root)
-    transport = comm._transport
     key = ("broadcast", root, buf.dtype, buf.shape)
     kind = comm._small_calls.get(key) or _learn(
         comm, key, "broadcast", buf, root=root, moved=_one_way(comm, root, buf.nbytes, False),
