@@ -291,7 +291,7 @@ def small_all_gather(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None) -> 
         result = recvbuf
     else:
         return GENERAL
-    if sendbuf.nbytes >= PLACED_BYTES and _placed(result, sendbuf):
+    if _placed(result, sendbuf):
         _exchange(comm, kind[2], sendbuf, result)
         return result
     for source, theirs in enumerate(_exchange(comm, kind[2], sendbuf)):
