@@ -89,9 +89,10 @@ def small_all_reduce(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, op:
     """`comm.all_reduce(sendbuf, recvbuf, op)` by the lane, or GENERAL. The caller has seen
     that sendbuf is a NumPy array of at most `comm._small_bytes`, more than zero.
 
-    The busiest lane (losses, metrics, gradient buckets) has `_open`, `_exchange`, `_fits`
-    and the reduction of two inputs written out: at 8 B, each call of a function costs a
-    tenth of a microsecond or more (docs/performance.md, "Small calls").
+    The busiest lane (losses, metrics, gradient buckets) has `_open`, `_exchange` and `_fits`
+    written out, and reduces two inputs in one call of the ufunc (`_own_reduced`): at 8 B,
+    each call of a function costs a tenth of a microsecond or more (docs/performance.md,
+    "Small calls").
     """
     transport = comm._transport
     if (transport.trace is not None or transport.on_transfer is not None
@@ -120,14 +121,7 @@ def small_all_reduce(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, op:
     except BaseException as error:  # messages may be in flight: no more calls
         comm._break(error)
         raise
-    if recvbuf is None and not (sendbuf.ndim and sendbuf.dtype.isnative):  # (see _reduced)
-        recvbuf = numpy.empty(sendbuf.shape, sendbuf.dtype)
-    if average or len(inputs) > 2:  # (our own input from `sendbuf`: `peers_inputs`)
-        return reduce_in_rank_order(numpy, with_own(numpy, inputs, sendbuf, transport.rank,
-                                                    recvbuf), ufunc, average, recvbuf)
-    if transport.rank == 0:  # (reduce_in_rank_order, for two)
-        return ufunc(sendbuf, inputs[1], out=recvbuf)
-    return ufunc(inputs[0], sendbuf, out=recvbuf)
+    return _own_reduced(inputs, sendbuf, transport.rank, ufunc, average, recvbuf)
 
 
 def small_barrier(comm: Any) -> Any:
@@ -180,8 +174,7 @@ def small_reduce(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None, op: str
     inputs = _exchange(comm, exchange, sendbuf)
     if rank != root:
         return None
-    return _reduced(with_own(numpy, inputs, sendbuf, rank, recvbuf), ufunc, average, recvbuf,
-                    sendbuf.shape, sendbuf.dtype)
+    return _own_reduced(inputs, sendbuf, rank, ufunc, average, recvbuf)
 
 
 def small_broadcast(comm: Any, buf: numpy.ndarray, root: int) -> Any:
@@ -834,6 +827,22 @@ def _reduced(inputs: list[numpy.ndarray], ufunc: Any, average: bool, recvbuf: An
     if recvbuf is None and not (shape and dtype.isnative):
         recvbuf = numpy.empty(shape, dtype)
     return reduce_in_rank_order(numpy, inputs, ufunc, average, recvbuf)
+
+
+def _own_reduced(inputs: list[numpy.ndarray], sendbuf: numpy.ndarray, rank: int, ufunc: Any,
+                 average: bool, recvbuf: Any | None) -> numpy.ndarray:
+    """`_reduced` of an exchange's `inputs` with this rank's own, `sendbuf`, in its place (the
+    exchange need not hold it: `with_own`), of sendbuf's shape and dtype; of two inputs, not
+    averaged, in one call of the ufunc (`reduce_in_rank_order` for two): at 8 B each call of a
+    function shows."""
+    if recvbuf is None and not (sendbuf.ndim and sendbuf.dtype.isnative):  # (see _reduced)
+        recvbuf = numpy.empty(sendbuf.shape, sendbuf.dtype)
+    if average or len(inputs) > 2:
+        return reduce_in_rank_order(numpy, with_own(numpy, inputs, sendbuf, rank, recvbuf),
+                                    ufunc, average, recvbuf)
+    if rank == 0:
+        return ufunc(sendbuf, inputs[1], out=recvbuf)
+    return ufunc(inputs[0], sendbuf, out=recvbuf)
 
 
 def _fits(recvbuf: Any, shape: tuple[int, ...], dtype: numpy.dtype) -> bool:
