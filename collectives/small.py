@@ -315,7 +315,7 @@ def small_reduce_scatter(comm: Any, sendbuf: numpy.ndarray, recvbuf: Any | None,
         transport.keeps_own()
     blocks = [theirs[rank] for theirs in _exchange(comm, exchange, sendbuf)]
     if kept:
-        blocks[rank] = sendbuf[rank]
+        return _own_reduced(blocks, sendbuf[rank], rank, ufunc, average, recvbuf)
     return _reduced(blocks, ufunc, average, recvbuf, block, sendbuf.dtype)
 
 
@@ -831,10 +831,10 @@ def _reduced(inputs: list[numpy.ndarray], ufunc: Any, average: bool, recvbuf: An
 
 def _own_reduced(inputs: list[numpy.ndarray], sendbuf: numpy.ndarray, rank: int, ufunc: Any,
                  average: bool, recvbuf: Any | None) -> numpy.ndarray:
-    """`_reduced` of an exchange's `inputs` with this rank's own, `sendbuf`, in its place (the
-    exchange need not hold it: `with_own`), of sendbuf's shape and dtype; of two inputs, not
-    averaged, in one call of the ufunc (`reduce_in_rank_order` for two): at 8 B each call of a
-    function shows."""
+    """`_reduced` of an exchange's `inputs` (or of the blocks this rank takes of them) with
+    this rank's own, `sendbuf`, in its place (the exchange need not hold it: `with_own`), of
+    sendbuf's shape and dtype; of two inputs, not averaged, in one call of the ufunc
+    (`reduce_in_rank_order` for two): at 8 B each call of a function shows."""
     if recvbuf is None and not (sendbuf.ndim and sendbuf.dtype.isnative):  # (see _reduced)
         recvbuf = numpy.empty(sendbuf.shape, sendbuf.dtype)
     if average or len(inputs) > 2:
