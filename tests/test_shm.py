@@ -1804,8 +1804,9 @@ def input_roads_scenario() -> None:
     """Inputs read in place that an area holds go by their owners' roads (`InputRoad`): the
     first WARM calls of a kind through the areas, the next WARM in place, every rank alike;
     then, where rank 0 always takes its area and rank 1 always leaves its input in place, each
-    reader takes each input from where it lies. All-to-alls (in place too), all-gathers and
-    reduce-scatters, by the lane and by the general path, each right every call."""
+    reader takes each input from where it lies; and once in EXPLORE calls (16 here) a run on
+    the other road. All-to-alls (in place too), all-gathers and reduce-scatters, by the lane
+    and by the general path, each right every call."""
     from transports import slots
 
     os.environ["RINGCC_SINGLE_COPY"] = "1"
@@ -1817,8 +1818,9 @@ def input_roads_scenario() -> None:
         transport.reads_inputs_from, transport.reads_inputs_above = 1, 0  # (every size)
         block = transport.one_shot_bytes // 8 // size
         reads: list[int] = []
-        read_peer_bytes = slots.read_peer_bytes
+        read_peer_bytes, explore = slots.read_peer_bytes, slots.InputRoad.EXPLORE
         slots.read_peer_bytes = lambda *args: (reads.append(args[3]), read_peer_bytes(*args))
+        slots.InputRoad.EXPLORE = 16  # (a run on the other road within a few calls)
         def inputs(count: int) -> list[numpy.ndarray]:
             return [numpy.arange(size * count, dtype=float).reshape(size, count) * (r + 2) + r
                     for r in range(size)]
@@ -1855,6 +1857,8 @@ def input_roads_scenario() -> None:
                     made = [call[case] for call in seen]
                     assert any(made[start:start + 2 * warm] == [False] * warm + [True] * warm
                                for start in (0, 1)), (case, made)
+                    # Once in EXPLORE calls, a run on the other road: both are seen after.
+                    assert set(made[2 * warm + 1:]) == {False, True}, (case, made)
             # Mixed: rank 0 through its area, rank 1 in place.
             slots.InputRoad.through_area = lambda road: rank == 0
             for general in (False, True):
@@ -1870,7 +1874,7 @@ def input_roads_scenario() -> None:
                     made = calls(general)
                     assert made == [rank == 0] * 4, made
         finally:
-            slots.read_peer_bytes = read_peer_bytes
+            slots.read_peer_bytes, slots.InputRoad.EXPLORE = read_peer_bytes, explore
     print("input roads ok", flush=True)
 
 

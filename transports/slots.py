@@ -764,10 +764,16 @@ class InputRoad:
     place, and once in EXPLORE calls a run of RUN on the other road, so that its cost stays
     known; so the ranks explore together, and each measures the road it explores. A reader
     takes an input from wherever its owner's word says it lies, so each owner may choose alone.
+
+    Exploring is dear where the roads are far apart: in a slow spell a 1 MiB all-to-all took
+    68 us a call in place and 200-900 through the areas, so a run of RUN in 64 calls added
+    about 7 us to every call's mean (docs/performance.md, "Roads explored less often"). Once in
+    EXPLORE = 512 calls costs about 1 us, and at these sizes 512 calls take well under a
+    second, where spells last minutes.
     """
 
     WARM = 4
-    EXPLORE = 64
+    EXPLORE = 512
     RUN = 2
     MARGIN = 0.75
     WEIGHT = 0.25
