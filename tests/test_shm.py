@@ -1226,6 +1226,23 @@ def test_a_crowded_send_is_left_in_place_while_its_copies_cost_over_slow():
     assert [call for call, (_, timed) in enumerate(calls, 1) if timed] == [explore, 2 * explore]
 
 
+def test_an_input_road_weighs_the_reads_against_the_copies_its_readers_make():
+    """`InputRoad`, past its warm-up: through the area while the reads cost MARGIN times the
+    owner's copy in (a byte of what its readers take) and their copies out, or more; where
+    its readers make no copy out (a reduce-scatter's work straight out of the area), against
+    the copy in alone."""
+    from transports.slots import InputRoad
+
+    road = InputRoad(copied=512, taken=512)
+    road.calls = 2 * InputRoad.WARM  # (past the warm-up, and the next calls not explored)
+    road.cost = {"in": 1.0, "out": None, "read": 1.0}  # no copy out: 1.0 against 0.75 * 1
+    assert road.through_area()
+    road.cost["out"] = 1.0  # 1.0 against 0.75 * 2
+    assert not road.through_area()
+    road.cost = {"in": 1.0, "out": None, "read": 0.7}  # under 0.75 * 1
+    assert not road.through_area()
+
+
 def test_place_lands_rank_rs_bytes_in_block_r_or_one_read_in_a_block_of_its_own():
     """`place`: the bytes each read names, rank r's in block r of `into`; where one read only
     is not empty (a broadcast's) and `into` holds that one block, there; where `into` holds
@@ -1806,7 +1823,9 @@ def input_roads_scenario() -> None:
     then, where rank 0 always takes its area and rank 1 always leaves its input in place, each
     reader takes each input from where it lies; and once in EXPLORE calls (16 here) a run on
     the other road. All-to-alls (in place too), all-gathers and reduce-scatters, by the lane
-    and by the general path, each right every call."""
+    and by the general path, each right every call; a reader that places nothing works
+    straight out of its owner's area."""
+    from collectives.blocks import equal, own_blocks
     from transports import slots
 
     os.environ["RINGCC_SINGLE_COPY"] = "1"
@@ -1865,6 +1884,13 @@ def input_roads_scenario() -> None:
                 for _ in range(3):
                     made = calls(general)
                     assert made == [rank == 0] * 4, made  # (rank 0 reads rank 1's)
+            # A reader that places nothing (a reduce-scatter's) works straight out of an
+            # owner's area: rank 0's input, to rank 1, is rank 0's area itself, not a copy.
+            mine, peer = narrower[rank].copy(), 1 - rank
+            taken = transport.all_inputs(mine, counted=False, reads=own_blocks(
+                equal(mine.size // size, size), rank, mine.itemsize))
+            numpy.testing.assert_array_equal(taken[peer][rank], narrower[peer][rank])
+            assert numpy.may_share_memory(taken[peer], transport._data[peer]) == (peer == 0)
             # A reader with no road of its own follows an owner that takes its area.
             transport.input_roads = rank == 0
             for general in (False, True):

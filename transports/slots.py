@@ -170,8 +170,9 @@ owner has measured cheaper (`InputRoad`): read in place as above, or copied into
 area and out again by its readers, whose copies run out of the caches while the cores share
 theirs (docs/performance.md, "Pair areas of a megabyte, and inputs through the areas by the
 road measured cheaper": a 1 MiB all-to-all on 2 ranks from 0.82x-0.96x MPICH's speed to
-1.16x-1.24x). A
-reader takes each input from where its owner's word says it lies, so each owner chooses alone.
+1.16x-1.24x); a reader that places nothing (a reduce-scatter's) does not copy it out, but
+works straight out of the area, as out of any one-shot exchange's. A reader takes each input
+from where its owner's word says it lies, so each owner chooses alone.
 
 Folded checks. A call whose check is handed over (`check_first`) makes it in its first
 exchange: the rank first publishes what fits in its free slots, then checks (every rank's call
@@ -752,18 +753,20 @@ class InputRoad:
     read in place") goes through its owner's area instead, where an area holds it.
 
     Neither road always wins on one machine, as for `Roads`: through the area, the owner copies
-    in what its peers take and each reader copies its part out, copies that run out of the
-    caches while the cores share theirs; in place, each reader reads its part by a system call,
-    at two to four times a copy's time a byte (docs/performance.md, "Pair areas of a megabyte,
-    and inputs through the areas by the road measured cheaper"). So each rank times its moves
-    of the kind, a byte each: as owner, its copy in; as reader, its copies out of its peers'
-    areas and its reads of their inputs. As owner it takes the road its own costs say is
-    cheaper for its readers (they move as it does), reading in place while that costs under
-    MARGIN times the copies. The calls of a kind are numbered alike on every rank, and the
-    number alone chooses the explored calls: the first WARM through the areas, the next WARM in
-    place, and once in EXPLORE calls a run of RUN on the other road, so that its cost stays
-    known; so the ranks explore together, and each measures the road it explores. A reader
-    takes an input from wherever its owner's word says it lies, so each owner may choose alone.
+    in what its peers take and each reader copies its part out (one that places nothing, a
+    reduce-scatter's, works straight out of the area instead: it copies nothing), copies that
+    run out of the caches while the cores share theirs; in place, each reader reads its part by
+    a system call (into scratch, where it places nothing), at two to four times a copy's time a
+    byte (docs/performance.md, "Pair areas of a megabyte, and inputs through the areas by the
+    road measured cheaper"). So each rank times its moves of the kind, a byte each: as owner,
+    its copy in; as reader, its copies out of its peers' areas (a cost of none where it makes
+    none) and its reads of their inputs. As owner it takes the road its own costs say is cheaper
+    for its readers (they move as it does), reading in place while that costs under MARGIN times
+    the copies. The calls of a kind are numbered alike on every rank, and the number alone
+    chooses the explored calls: the first WARM through the areas, the next WARM in place, and
+    once in EXPLORE calls a run of RUN on the other road, so that its cost stays known; so the
+    ranks explore together, and each measures the road it explores. A reader takes an input from
+    wherever its owner's word says it lies, so each owner may choose alone.
 
     Exploring is dear where the roads are far apart: in a slow spell a 1 MiB all-to-all took
     68 us a call in place and 200-900 through the areas, so a run of RUN in 64 calls added
@@ -791,8 +794,9 @@ class InputRoad:
         if calls <= 2 * self.WARM:
             return calls <= self.WARM
         copy_in, copy_out, read = self.cost["in"], self.cost["out"], self.cost["read"]
-        area = copy_in is not None and copy_out is not None and (
-            read is None or read >= self.MARGIN * (copy_in * self.copied / self.taken + copy_out))
+        area = copy_in is not None and (  # (no copy out timed: its readers made none)
+            read is None or read >= self.MARGIN * (copy_in * self.copied / self.taken
+                                                   + (copy_out or 0)))
         return area != (calls % self.EXPLORE < self.RUN)
 
     def took(self, kind: str, seconds: float, nbytes: int) -> None:
@@ -1953,7 +1957,11 @@ class SlotTransport(Transport):
         land in `into` where it is given (`prepare_all_inputs`), and the exchange returns
         None; else in scratch, returned as every rank's input (holding only the bytes `reads`
         names): an area's worth a rank, kept, or for an input larger than an area (read in
-        place at any size), its own size a rank, for the call.
+        place at any size), its own size a rank, for the call. An input that its owner put in
+        its area instead (`InputRoad`) is returned as that area, not copied out: as the areas
+        of any one-shot exchange, it stays until this rank's next exchange. Measured on 2
+        ranks (docs/performance.md, "Reduced straight out of the areas"), a 1 MiB
+        reduce-scatter took 41-46 us where the copy out made it take 61-67.
 
         Not `by_address` (a call that names its reads, below `reads_inputs_from`), only inputs
         in registered memory, shared ones and those left in place are read where they lie,
@@ -2113,7 +2121,7 @@ class SlotTransport(Transport):
             inputs = None
             if into is None:
                 scratch, scratched = kept_scratch or made_scratch()
-                inputs = scratched if by_address else list(areas[parity])
+                inputs = list(scratched) if by_address else list(areas[parity])
             where = 1 if into is None else 0
             base = buffer_address(scratch) if into is None else into_at
             for lo, length, at in ours:
@@ -2127,8 +2135,10 @@ class SlotTransport(Transport):
                 alongside()
             for r, lo, length, at, what in wanted:
                 theirs = self._ctl[r][address[parity]]
-                if not theirs:  # in its area: returned as it is, unless placed (or read in
-                    if into is not None or by_address:  # place: into scratch)
+                if not theirs:  # in its area: returned as it is, unless placed
+                    if into is None:  # (its caller works straight out of the area)
+                        inputs[r] = areas[parity][r]
+                    else:
                         started = time.perf_counter()
                         ctypes.memmove(base + at[where], areas_at[parity][r] + lo, length)
                         if road is not None:
