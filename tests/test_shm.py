@@ -487,7 +487,8 @@ def shared_inputs_scenario() -> None:
     a reader that places it, which reads the rest; a gather's root that copies its own block
     meanwhile (`alongside`) asks for ALONGSIDE_EIGHTHS of it instead; a reader that does not
     place it (the lane's gather in place) reads it all. An all-reduce's inputs of more than
-    LEFT_BYTES are left where they lie, and read whole; a reduce's, and smaller ones, go
+    LEFT_BYTES are left where they lie, and read whole (with no road to choose the areas:
+    `input_roads_scenario` has it); a reduce's, and smaller ones, go
     through the areas, and so do all that `Sharing` chooses for when it says not to share. By
     the lane and the general path, from either root, against NumPy, with the reads and writes
     counted. Then a reader whose owner has not come gives up: it withdraws its ask, so that the
@@ -554,6 +555,7 @@ def shared_inputs_scenario() -> None:
                     assert moved == [], (why, moved)
                     if rank == root:
                         numpy.testing.assert_array_equal(result, numpy.stack(everyone))
+                comm._transport.input_roads = False
                 for says in (False, True):  # (left where it lies, whatever `Sharing` says)
                     sharing.shares = lambda: says
                     moved.clear()
@@ -1822,8 +1824,9 @@ def input_roads_scenario() -> None:
     first WARM calls of a kind through the areas, the next WARM in place, every rank alike;
     then, where rank 0 always takes its area and rank 1 always leaves its input in place, each
     reader takes each input from where it lies; and once in EXPLORE calls (16 here) a run on
-    the other road. All-to-alls (in place too), all-gathers and reduce-scatters, by the lane
-    and by the general path, each right every call; a reader that places nothing works
+    the other road. All-to-alls (in place too), all-gathers, reduce-scatters and all-reduces
+    (whose inputs above LEFT_BYTES are left where they lie, or go through the areas), by the
+    lane and by the general path, each right every call; a reader that places nothing works
     straight out of its owner's area."""
     from collectives.blocks import equal, own_blocks
     from transports import slots
@@ -1853,7 +1856,8 @@ def input_roads_scenario() -> None:
             ("all_gather", "_all_gather", lambda: (wide[rank][0],),
              numpy.stack([wide[r][0] for r in range(size)])),
             ("reduce_scatter", "_reduce_scatter", lambda: (narrower[rank].copy(),),
-             sum(narrower[r][rank] for r in range(size)))]
+             sum(narrower[r][rank] for r in range(size))),
+            ("all_reduce", "_all_reduce", lambda: (wide[rank],), sum(wide))]
 
         def calls(general: bool) -> list[bool]:
             """Each case once, right: whether anything was read in place for it."""
@@ -1883,7 +1887,7 @@ def input_roads_scenario() -> None:
             for general in (False, True):
                 for _ in range(3):
                     made = calls(general)
-                    assert made == [rank == 0] * 4, made  # (rank 0 reads rank 1's)
+                    assert made == [rank == 0] * 5, made  # (rank 0 reads rank 1's)
             # A reader that places nothing (a reduce-scatter's) works straight out of an
             # owner's area: rank 0's input, to rank 1, is rank 0's area itself, not a copy.
             mine, peer = narrower[rank].copy(), 1 - rank
@@ -1898,7 +1902,7 @@ def input_roads_scenario() -> None:
                 transport._exchanges.clear()
                 for _ in range(2):
                     made = calls(general)
-                    assert made == [rank == 0] * 4, made
+                    assert made == [rank == 0] * 5, made
         finally:
             slots.read_peer_bytes, slots.InputRoad.EXPLORE = read_peer_bytes, explore
     print("input roads ok", flush=True)

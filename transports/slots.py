@@ -98,9 +98,12 @@ peer's, took 79 us where that peer's write of its half ended at 57 (a timeline o
 copying its block meanwhile, with 5/8 written by the peer, 79 -> 72-75 us in the benchmark
 (docs/performance.md, "Messages readied once"). On two ranks, the input of more than LEFT_BYTES of
 an owner that takes its peer's whole input too (an all-reduce's), is left where it lies, its reader
-reading it whole (`process_vm_readv`) while the owner reads the reader's. A reduce's other
-rank, which takes nothing, keeps its area: left in place, its root's direct read cost a 1 MiB
-reduce 222-244 us against 202-213 (a slow spell).
+reading it whole (`process_vm_readv`) while the owner reads the reader's; where an area holds it
+and every rank has a core, only while that road costs less than the area's (`InputRoad`, as for
+"Inputs read in place" below: on the third machine, where a read costs three to four times a
+copy, a 1 MiB all-reduce took 125-145 us left in place and 66-77 through the areas). A
+reduce's other rank, which takes nothing, keeps its area: left in place, its root's direct read
+cost a 1 MiB reduce 222-244 us against 202-213 (a slow spell).
 
 Forwarded results. A ring all-reduce's last reduce-scatter step and its first all-gather
 step (`reduce_forward`) are fused where direct reads are, every rank has a core, and every
@@ -380,7 +383,8 @@ LANDING_BITS = 56
 # inputs"): measured with 1 MiB all-reduces, 274-296 us against 318-341 through the areas in a
 # fast spell, 221-253 against 307-314 in a slow one; with 512 KiB ones the areas, which then
 # fit a core's cache, won in the fast spell (72-79 us against 111-122) and lost in the slow
-# one.
+# one. Where an area holds it, it goes by the road its owner measures cheaper (`InputRoad`):
+# on the third machine the areas won at 1 MiB too.
 LEFT_BYTES = 512 << 10
 
 
@@ -1972,7 +1976,8 @@ class SlotTransport(Transport):
 
         On two ranks from SHARED_BYTES, an owner that takes nothing shares its input with a
         reader that asks (see "Shared inputs"), and one that takes its peer's whole input too
-        (an all-reduce's) leaves its own where it lies above LEFT_BYTES."""
+        (an all-reduce's) leaves its own where it lies above LEFT_BYTES (or, where an area
+        holds it, puts it there while `InputRoad` says so)."""
         nbytes = math.prod(shape) * numpy.dtype(dtype).itemsize
         rank, size = self.rank, self.size
         stride = max(self._area_bytes, nbytes)  # between two ranks' inputs in scratch
@@ -1995,8 +2000,7 @@ class SlotTransport(Transport):
         ours = [(lo, length, at) for r, lo, length, at in landing if r == rank]
         wanted = [(r, lo, length, at, "read rank {}'s input")
                   for r, lo, length, at in landing if r != rank]
-        # Read in place, an input an area holds goes by the road measured cheaper where every
-        # rank has a core (`InputRoad`): its owner copies it into its area, or leaves it.
+        # What this rank takes of its peers' inputs, for its `InputRoad` (below).
         taken = sum(length for _, _, length, _, _ in wanted)
         # Through its area, an input's owner copies what its peers take: all of it, where
         # each takes every input whole (an all-gather); else all but the block it takes of
@@ -2005,9 +2009,6 @@ class SlotTransport(Transport):
         spans = [(0, nbytes)] if (own_lo, own_hi) == (0, nbytes) else \
             [(lo, hi - lo) for lo, hi in ((0, own_lo), (own_hi, nbytes)) if lo < hi]
         copied = sum(length for _, length in spans)
-        road = InputRoad(copied, taken) if by_address and self.roads is not None \
-            and self.input_roads and 0 < nbytes <= self._area_bytes and taken and copied \
-            else None
         # Every rank's area of each turn's parity: where it lies here, and as its input (read
         # in place, an owner whose area holds its input may still put it there: `road`; its
         # readers follow it, whatever their own roads).
@@ -2036,6 +2037,11 @@ class SlotTransport(Transport):
         # it reads the peer's (see "Shared inputs"). (Other readers, which take a part of
         # each input, read in place from `reads_inputs_from`, as they did.)
         leaves = asker is not None and nbytes > LEFT_BYTES
+        # Read in place, or left where it lies, an input that an area holds goes by the road
+        # measured cheaper where every rank has a core (`InputRoad`).
+        road = InputRoad(copied, taken) if (by_address or leaves) and self.roads is not None \
+            and self.input_roads and 0 < nbytes <= self._area_bytes and taken and copied \
+            else None
         sharing = self.sharing
         # What a shared input's owner writes: half, or more where its reader has work meanwhile.
         parts = {eighths: _sender_part(nbytes, eighths) for eighths in (4, ALONGSIDE_EIGHTHS)}
@@ -2064,6 +2070,12 @@ class SlotTransport(Transport):
                 word = 0
             elif gauged and sharing.shares():
                 word |= SHARED  # read where it lies, half of it written by us if asked
+            elif through_area:  # (the copy timed for `InputRoad`)
+                started, area_at = time.perf_counter(), areas_at[parity][rank]
+                for lo, length in spans:
+                    ctypes.memmove(area_at + lo, ours_at + lo, length)
+                road.took("in", time.perf_counter() - started, copied)
+                word = 0
             elif gauged or not by_address and (overlaps or not word & REGISTERED
                                                and not leaves):
                 # Through our area (where we place what we take over `buf` too): none waits.
@@ -2071,12 +2083,6 @@ class SlotTransport(Transport):
                 ctypes.memmove(areas_at[parity][rank], ours_at, nbytes)
                 if gauged:  # (the copy timed for `Sharing`)
                     sharing.took(time.perf_counter() - started, nbytes)
-                word = 0
-            elif through_area:  # (the copy timed for `InputRoad`)
-                started, area_at = time.perf_counter(), areas_at[parity][rank]
-                for lo, length in spans:
-                    ctypes.memmove(area_at + lo, ours_at + lo, length)
-                road.took("in", time.perf_counter() - started, copied)
                 word = 0
             if into is not None and into.nbytes == alone_length:
                 into_at -= alone_at  # (so that its one block lands at its start)
