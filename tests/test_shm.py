@@ -715,8 +715,9 @@ def mismatch_scenario(single_copy: str) -> None:
 def direct_scenario() -> None:
     """Which messages go by direct read: from DIRECT_BYTES up (copies from
     CROWDED_DIRECT_BYTES where ranks outnumber the cores), sent while receiving (a ring step,
-    a sendrecv), from REDUCED_DIRECT_BYTES where the receiver reduces them and every rank
-    has a core (a reduce's ring step), or left for the receiver while the sender works (a
+    a sendrecv), or between a segment and DIRECT_BYTES while its roads measure them cheaper,
+    the copies' roads and apart the reduced messages' (a reduce's ring step), where every rank
+    has a core; or left for the receiver while the sender works (a
     scatter's root: from more than a segment where ranks share cores); and which are shared,
     the sender writing its part into the receiver (slots.py, "Shared copies"): from
     SHARED_BYTES up, sent one way, where every rank has a core. Messages on either side of the
@@ -726,7 +727,7 @@ def direct_scenario() -> None:
 
     from collectives.scatter import shared_part
     from transports.slots import (CROWDED_DIRECT_BYTES, DIRECT_BYTES, READ_PIECE_BYTES,
-                                  REDUCED_DIRECT_BYTES, SHARED_BYTES)
+                                  SHARED_BYTES)
 
     os.environ["RINGCC_SINGLE_COPY"] = "1"
     with collectives.init("shm", timeout=30) as comm:
@@ -808,20 +809,35 @@ def direct_scenario() -> None:
             numpy.testing.assert_array_equal(got, mine - rank + rank * 0.5)
             assert moved == ([("read", nbytes)] if rank and (
                 transport.one_sided or nbytes >= transport.isends_read_from) else []), moved
-            moved.clear()  # reduced (each rank's incoming chunk read directly, a piece at a
-            transport.sharing.shares = lambda: True  # time), then its chunks gathered: shared
-            got = comm.reduce(mine, root=0)  # half and half (the root has no block of its own)
-            del transport.sharing.shares
-            if rank == 0:
-                numpy.testing.assert_array_equal(
-                    got, sum(mine - rank + r for r in range(size)))
-            if size == 2 and transport.shares_from is not None:
-                chunk = nbytes // 2
-                pieces = [("read", min(READ_PIECE_BYTES, chunk - lo))
-                          for lo in range(0, chunk, READ_PIECE_BYTES)]
-                assert chunk >= REDUCED_DIRECT_BYTES
-                assert moved == pieces + ([("write", chunk // 2 // 64 * 64)] if rank == 1
-                                          else [("read", chunk - chunk // 2 // 64 * 64)]), moved
+            # Reduced: each rank's incoming chunk read directly, a piece at a time, while the
+            # reads cost less than the slots' copies by its reduced roads (`reduced_roads`),
+            # else through the slots; then its chunks gathered: shared half and half (the
+            # root has no block of its own).
+            roads = transport.reduced_roads
+            kept_roads = None if roads is None else (dict(roads.cost), dict(roads.times))
+            for reading in (1e-12, 1.0):  # (seconds a byte)
+                if roads is not None:
+                    roads.times.update({"in": roads.WARM, "out": roads.WARM, "read": roads.WARM})
+                    roads.cost.update({"in": 1e-9, "out": 1e-9, "read": reading})
+                    roads.explored = math.inf  # (no exploring)
+                moved.clear()
+                transport.sharing.shares = lambda: True
+                got = comm.reduce(mine, root=0)
+                del transport.sharing.shares
+                if rank == 0:
+                    numpy.testing.assert_array_equal(
+                        got, sum(mine - rank + r for r in range(size)))
+                if size == 2 and transport.shares_from is not None:
+                    chunk = nbytes // 2
+                    pieces = [("read", min(READ_PIECE_BYTES, chunk - lo))
+                              for lo in range(0, chunk, READ_PIECE_BYTES)]
+                    assert chunk >= DIRECT_BYTES or roads is not None
+                    assert moved == (pieces if chunk >= DIRECT_BYTES or reading < 1e-9 else []) \
+                        + ([("write", chunk // 2 // 64 * 64)] if rank == 1
+                           else [("read", chunk - chunk // 2 // 64 * 64)]), (reading, moved)
+            if roads is not None:
+                roads.cost.update(kept_roads[0])
+                roads.times.update(kept_roads[1])
             gathered_while_written(comm, mine, moved)
         # A scatter's blocks of a segment and of more than a segment: each got one-sided (a
         # direct read) where direct reads work, but for the part the root writes into a

@@ -45,23 +45,22 @@ nothing is reset between collectives. Publishing relies on one rank's stores bec
 visible to the others in program order, as on x86-64.
 
 Direct reads. Where the memory kind can copy straight out of a peer's ordinary memory (host
-memory, through the kernel's cross-memory attach), a message of DIRECT_BYTES or more that a
-rank sends while it receives one (a ring step) takes one slot line and no slot data: the
-sender writes the address of its own buffer in the line, the receiver copies it from there
-into place in one system call (or, to reduce it, READ_PIECE_BYTES at a time through scratch
-that stays in cache) and counts it consumed, and the sender returns only then, since its
-buffer is being read. Every rank of a ring then makes one copy a step instead of two. A copy
-of middle size (more than a segment, less than DIRECT_BYTES) goes by whichever road its sender
-has measured cheaper lately, where every rank has a core (`Roads`); one that its receiver
-reduces (a ring step of a reduce-scatter or an all-reduce) goes by direct read from
-REDUCED_DIRECT_BYTES there. A message sent one way
-only is not read this way: where every rank has a core, from SHARED_BYTES, it is shared
-instead (below), and below that, or where ranks share cores, sender and receiver copy through
-the slots at once, which measured faster than one core reading it all. (The receiver takes a
-direct message however it was sent, so the choice is the sender's alone.) A message started
-by `isend` and left for its receiver is read this way from DIRECT_BYTES up, and where ranks
-share cores from more than a segment: streamed through the slots, it would hold its sender
-until the receiver runs.
+memory, through the kernel's cross-memory attach), a message of DIRECT_BYTES or more that a rank
+sends while it receives one (a ring step) takes one slot line and no slot data: the sender
+writes the address of its own buffer in the line, the receiver copies it from there into place
+in one system call (or, to reduce it, READ_PIECE_BYTES at a time through scratch that stays in
+cache) and counts it consumed, and the sender returns only then, since its buffer is being read.
+Every rank of a ring then makes one copy a step instead of two. A copy of middle size (more than
+a segment, less than DIRECT_BYTES) goes by whichever road its sender has measured cheaper
+lately, where every rank has a core (`Roads`); so does one that its receiver reduces (a ring
+step of a reduce-scatter or an all-reduce), by roads of its own (`reduced_roads`: a reduction
+out of the slots, against a read and its reduction). A message sent one way only is not read
+this way: where every rank has a core, from SHARED_BYTES, it is shared instead (below), and
+below that, or where ranks share cores, sender and receiver copy through the slots at once,
+which measured faster than one core reading it all. (The receiver takes a direct message however
+it was sent, so the choice is the sender's alone.) A message started by `isend` and left for its
+receiver is read this way from DIRECT_BYTES up, and where ranks share cores from more than a
+segment: streamed through the slots, it would hold its sender until the receiver runs.
 
 Shared copies. Where every rank has a core of its own, a message of SHARED_BYTES or more
 sent one way only (a broadcast's, a scatter's, a gather's) is moved by both ends at once: the
@@ -299,13 +298,14 @@ DIRECT_BYTES = 4 << 20
 # messages stay as they were: an 8 MiB reduce-scatter, its 2 MiB ring steps read so, took
 # 4365-4675 us against 3913-4197.
 CROWDED_DIRECT_BYTES = 512 << 10
-# A message that its receiver reduces (a ring step of a reduce-scatter or an all-reduce), sent
-# while receiving one, goes by direct read from this size up where every rank has a core: the
-# receiver reduces it READ_PIECE_BYTES at a time as it reads, where through the slots each
-# segment was copied in and then out. Measured on 2 ranks (docs/performance.md, "Reduced messages
-# read directly from 512 KiB"), a 2 MiB reduce-scatter took 248-299 us where its 1 MiB chunk
-# through the slots took 407-410 (each 256 KiB copy into a slot ran some 50 us), a 4 MiB one
-# 480-513 against 922-952.
+# A message that its receiver reduces, sent one way (a scan's, a reduce's: `_send_reduced`), may
+# be read directly from this size up where every rank has a core (`reduced_sends`, below). (A
+# ring step's, sent while receiving one, was read directly from this size too: measured on 2
+# ranks (docs/performance.md, "Reduced messages read directly from 512 KiB"), a 2 MiB
+# reduce-scatter took 248-299 us where its 1 MiB chunk through the slots took 407-410, each 256
+# KiB copy into a slot running some 50 us. It now goes by the road measured cheaper,
+# `reduced_roads`: on the third machine the slots won, "Reduced ring steps by the road measured
+# cheaper".)
 REDUCED_DIRECT_BYTES = 512 << 10
 # A message sent one way that its receiver reduces (a scan's, a reduce's) goes through the slots,
 # its sender copying while its receiver reduces, unless those copies cost more than this a byte:
@@ -496,7 +496,9 @@ class Roads:
     running mean, so that a copy the scheduler interrupted cannot hold a road shut. Only
     copies sent while receiving one (a ring step, a sendrecv, an all-to-all step) are timed
     and chosen for: there every rank does the same work as its peer. (The receiver takes a
-    message however it came, so each sender may choose alone.)
+    message however it came, so each sender may choose alone.) A transport keeps one for
+    copies and one for messages their receivers reduce (`reduced_roads`), whose "out" is a
+    reduction out of the slots and whose "read" a read with its reduction.
     """
 
     EXPLORE_SECONDS = 0.1
@@ -558,9 +560,14 @@ class Roads:
         def timed_move(piece: Any, *rest: Any) -> None:
             started = time.perf_counter()
             move(piece, *rest)
-            self._spent[kind] += time.perf_counter() - started
-            self._moved[kind] += piece.size
+            self.spend(kind, time.perf_counter() - started, piece.size)
         return timed_move
+
+    def spend(self, kind: str, seconds: float, nbytes: int) -> None:
+        """Add `seconds` spent on `nbytes` to this call's `kind` ("in" or "out"), for
+        `settle`."""
+        self._spent[kind] += seconds
+        self._moved[kind] += nbytes
 
     def settle(self) -> None:
         """Fold the slots' copies timed in the call just made into their costs."""
@@ -908,6 +915,9 @@ class SlotTransport(Transport):
         # run: direct reads work, and every rank has a core (the times of ranks that share one
         # measure the scheduler). None: through the slots.
         self.roads = Roads() if self.single_copy and not self.oversubscribed else None
+        # ... each way apart for a message its receiver reduces (a ring step of a reduce-scatter
+        # or an all-reduce), whose copy out of the slots is a reduction.
+        self.reduced_roads = Roads() if self.roads is not None else None
         # ... and so do one-shot inputs read in place that an area holds (`InputRoad`).
         self.input_roads = True
         # One-shot inputs of which each rank takes this much or more are read in place, where
@@ -997,8 +1007,10 @@ class SlotTransport(Transport):
                 shared: bool = True, reduced: bool = False) -> None:
         """Publish `sendbuf` to `dst` while taking `recvbuf` from `src`, a slot at a time or
         by a direct read (with `op`: recvbuf = op(inbuf, what arrives)). A middle-sized copy
-        goes by the road measured cheaper, and its copies are timed now and then (`Roads`);
-        where ranks outnumber the cores, by direct read from CROWDED_DIRECT_BYTES.
+        goes by the road measured cheaper, and its copies are timed now and then (`Roads`),
+        and so does a middle-sized one that is reduced (`reduced_roads`, its reductions out of
+        the slots timed); where ranks outnumber the cores, by direct read from
+        CROWDED_DIRECT_BYTES.
         A large message sent one way only goes shared, where `shared` and every rank has a
         core (see "Shared copies"); below DIRECT_BYTES, while `Sharing` says so, else
         through the slots, its copies into them timed for `Sharing`. One whose receiver
@@ -1024,17 +1036,15 @@ class SlotTransport(Transport):
                 and out.size >= REDUCED_DIRECT_BYTES:
             leaves = self.reduced_sends.shares()
             gauge = None if leaves else self.reduced_sends
-        roads = self.roads if op is None and out is not None and into is not None else None
-        # (A message its receiver reduces: read directly from REDUCED_DIRECT_BYTES, where
-        # every rank has a core. Sent while receiving, its receiver reduces too.)
-        reduced_directly = op is not None and self.roads is not None and out is not None \
-            and out.size >= REDUCED_DIRECT_BYTES
+        # (Sent while receiving: a ring step, whose receiver reduces what it takes where there
+        # is an `op`, as this rank does; each kind by its own roads.)
+        roads = None if out is None or into is None else \
+            self.roads if op is None else self.reduced_roads
         direct_from = self.copies_direct_from if op is None else DIRECT_BYTES
         middle = roads is not None and region is None and self._middle(out.size)
         direct = out is not None and (region is not None or shared or leaves or self.single_copy
                                       and into is not None and (out.size >= direct_from
-                                                                or middle and roads.direct()
-                                                                or reduced_directly))
+                                                                or middle and roads.direct()))
         publish, take = self._publish, self.memory.copy
         timed = roads is not None and self._middle(into.size)  # (what arrives: timed too)
         sampled = (middle and not direct or timed) and roads.sample()
@@ -1106,8 +1116,11 @@ class SlotTransport(Transport):
                     take(piece, segment)
                 else:
                     mine = inbuf.view(numpy.uint8)[k_in * slot:(k_in + 1) * slot]
+                    started = time.perf_counter()
                     self.memory.reduce(op, piece.view(recvbuf.dtype), mine.view(recvbuf.dtype),
                                        segment.view(recvbuf.dtype))
+                    if sampled and timed:  # (its reduction out of the slot: `reduced_roads`)
+                        roads.spend("out", time.perf_counter() - started, piece.size)
                 self._consumed(src)
                 k_in += 1
             if k_out == n_out and k_in == n_in:
