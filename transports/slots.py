@@ -1051,7 +1051,7 @@ class SlotTransport(Transport):
         if sampled:
             if middle and not direct:
                 publish = roads.timed("in", publish)
-            if timed:
+            if timed and op is None:  # (a reduction out of a slot is timed where it is made)
                 take = roads.timed("out", take)
         spent = 0.0  # seconds in copies into the slots, where `gauge`
         if gauge is not None:
@@ -1116,7 +1116,7 @@ class SlotTransport(Transport):
                     take(piece, segment)
                 else:
                     mine = inbuf.view(numpy.uint8)[k_in * slot:(k_in + 1) * slot]
-                    started = time.perf_counter()
+                    started = time.perf_counter() if sampled and timed else 0.0
                     self.memory.reduce(op, piece.view(recvbuf.dtype), mine.view(recvbuf.dtype),
                                        segment.view(recvbuf.dtype))
                     if sampled and timed:  # (its reduction out of the slot: `reduced_roads`)
