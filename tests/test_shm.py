@@ -904,19 +904,26 @@ def forwarded_all_reduce(comm, moved: list[tuple[str, int]]) -> None:
     """The ring's last reduce-scatter step fused with its first all-gather step (slots.py,
     "Forwarded results"): where every rank has a core and every chunk is of DIRECT_BYTES or
     more, each rank writes its reduced chunk into its right neighbour, a slot's worth at a
-    time; else nothing is written. Either way NumPy's result, bitwise the same on every rank,
-    counted and traced as the ring's two steps."""
+    time; on two ranks with a core each, with chunks from REDUCED_DIRECT_BYTES, where both
+    ranks vote for it (`ForwardRoad`, each way, each vote timed on the road taken); else
+    nothing is written. Either way NumPy's result, bitwise the same on every rank, counted and
+    traced as the ring's two steps."""
     from mpi4py import MPI
 
     from collectives.chunking import chunk_bounds
     from collectives.ring import ring_chunks
-    from transports.slots import DIRECT_BYTES
+    from transports.slots import DIRECT_BYTES, REDUCED_DIRECT_BYTES
 
     rank, size, transport = comm.rank, comm.size, comm._transport
-    for smallest, op, in_place, registered in [(DIRECT_BYTES - 4, "sum", False, False),
-                                               (DIRECT_BYTES, "sum", True, False),
-                                               (DIRECT_BYTES, "avg", False, False),
-                                               (DIRECT_BYTES, "sum", False, True)]:
+    road = transport.forward_road
+    assert (road is not None) == (size == 2 and not transport.oversubscribed)
+    votes = [(True, True), (True, False), (False, True), (False, False)] if road else [None]
+    for smallest, op, in_place, registered, vote in [
+            (DIRECT_BYTES - 4, "sum", False, False, None),
+            *[(REDUCED_DIRECT_BYTES, "sum", False, False, both) for both in votes],
+            (DIRECT_BYTES, "sum", True, False, None),
+            (DIRECT_BYTES, "avg", False, False, None),
+            (DIRECT_BYTES, "sum", False, True, None)]:
         count = size * smallest // 4 + size - 1  # float32: uneven chunks, the smallest as said
         bounds = chunk_bounds(count, size)
         assert min(hi - lo for lo, hi in bounds) * 4 == smallest
@@ -927,6 +934,9 @@ def forwarded_all_reduce(comm, moved: list[tuple[str, int]]) -> None:
                 held[...], mine = mine, held
         want = cases.reduce_reference(op, [cases.values(r, count, "float32")
                                            for r in range(size)]).astype("float32")
+        if vote is not None:
+            road.forwards = lambda: vote[rank]
+            times = dict(road.times)
         moved.clear()
         comm.stats.reset()
         with comm.trace() as records:
@@ -935,7 +945,11 @@ def forwarded_all_reduce(comm, moved: list[tuple[str, int]]) -> None:
         every = MPI.COMM_WORLD.allgather(got.tobytes())
         assert every == [every[0]] * size, (smallest, op)
         owned = (rank + 1) % size
-        fused = not transport.oversubscribed and smallest >= DIRECT_BYTES
+        fused = not transport.oversubscribed and smallest >= DIRECT_BYTES or vote == (True, True)
+        if vote is not None:
+            del road.forwards
+            times["forward" if fused else "steps"] += 1
+            assert road.times == times, (vote, road.times)
         written = sum(nbytes for kind, nbytes in moved if kind == "write")
         assert written == ((bounds[owned][1] - bounds[owned][0]) * 4 if fused else 0), moved
         if registered and fused and size == 2 and rank == 1:  # rank 0's chunk read where it
@@ -1259,6 +1273,23 @@ def test_an_input_road_weighs_the_reads_against_the_copies_its_readers_make():
     assert not road.through_area()
     road.cost = {"in": 1.0, "out": None, "read": 0.7}  # under 0.75 * 1
     assert not road.through_area()
+
+
+def test_a_forward_road_votes_for_the_cheaper_and_explores_the_other_with_its_peer():
+    """`ForwardRoad`: the ring's two steps in the first WARM calls, the forwarded step in the
+    next WARM, then the road that costs less, but for a run of RUN calls once in EXPLORE,
+    which take the other: chosen by the call's number alone, so both ranks explore at once."""
+    from transports.slots import ForwardRoad
+
+    road = ForwardRoad()
+    warm, explore, run = ForwardRoad.WARM, ForwardRoad.EXPLORE, ForwardRoad.RUN
+    assert [road.forwards() for _ in range(2 * warm)] == [False] * warm + [True] * warm
+    explored = [explore + k for k in range(run)]
+    for forward, steps in ((1.0, 2.0), (2.0, 1.0)):
+        road.calls = 2 * warm
+        road.cost = {"steps": steps, "forward": forward}
+        votes = {call: road.forwards() for call in range(2 * warm + 1, 2 * explore)}
+        assert [call for call, vote in votes.items() if vote != (forward < steps)] == explored
 
 
 def test_place_lands_rank_rs_bytes_in_block_r_or_one_read_in_a_block_of_its_own():

@@ -758,7 +758,48 @@ class CrowdedRoad:
                            self.OUTLIER)
 
 
-class InputRoad:
+class NumberedRoad:
+    """Which of two roads the calls of one kind take, where every rank numbers those calls alike
+    and takes each by the same road. Each rank times its moves on each road, a byte each (`took`,
+    `folded`), and the number of the call alone chooses the explored calls: the first WARM take
+    the first road, the next WARM the second, and once in EXPLORE calls a run of RUN takes the
+    road the costs do not prefer, so that its cost stays known. So the ranks explore together,
+    and each measures the road it explores.
+
+    Exploring is dear where the roads are far apart: in a slow spell a 1 MiB all-to-all took
+    68 us a call in place and 200-900 through the areas (`InputRoad`), so a run of RUN in 64
+    calls added about 7 us to every call's mean (docs/performance.md, "Roads explored less
+    often"). Once in EXPLORE = 512 calls costs about 1 us, and at these sizes 512 calls take
+    well under a second, where spells last minutes.
+    """
+
+    WARM = 4
+    EXPLORE = 512
+    RUN = 2
+    WEIGHT = 0.25
+    OUTLIER = 4
+
+    def __init__(self, *kinds: str) -> None:
+        self.cost: dict[str, float | None] = dict.fromkeys(kinds)
+        self.times = dict.fromkeys(kinds, 0)  # how many calls went into each cost
+        self.calls = 0
+
+    def _first(self, cheaper: Callable[[], bool]) -> bool:
+        """Whether the next call takes the first road; `cheaper` says whether the costs prefer
+        it (asked once both roads are warm)."""
+        self.calls = calls = self.calls + 1
+        if calls <= 2 * self.WARM:
+            return calls <= self.WARM
+        return cheaper() != (calls % self.EXPLORE < self.RUN)
+
+    def took(self, kind: str, seconds: float, nbytes: int) -> None:
+        """Fold `seconds` spent on `nbytes` of `kind` into its cost."""
+        self.times[kind] += 1
+        self.cost[kind] = folded(self.cost[kind], seconds / nbytes, self.times[kind], self.WARM,
+                                 self.WEIGHT, self.OUTLIER)
+
+
+class InputRoad(NumberedRoad):
     """Whether an input of one kind of one-shot exchange read in place (an all-to-all's, an
     all-gather's, a reduce-scatter's, of DIRECT_INPUT_BYTES or more taken of each, see "Inputs
     read in place") goes through its owner's area instead, where an area holds it.
@@ -770,51 +811,55 @@ class InputRoad:
     a system call (into scratch, where it places nothing), at two to four times a copy's time a
     byte (docs/performance.md, "Pair areas of a megabyte, and inputs through the areas by the
     road measured cheaper"). So each rank times its moves of the kind, a byte each: as owner,
-    its copy in; as reader, its copies out of its peers' areas (a cost of none where it makes
-    none) and its reads of their inputs. As owner it takes the road its own costs say is cheaper
-    for its readers (they move as it does), reading in place while that costs under MARGIN times
-    the copies. The calls of a kind are numbered alike on every rank, and the number alone
-    chooses the explored calls: the first WARM through the areas, the next WARM in place, and
-    once in EXPLORE calls a run of RUN on the other road, so that its cost stays known; so the
-    ranks explore together, and each measures the road it explores. A reader takes an input from
-    wherever its owner's word says it lies, so each owner may choose alone.
-
-    Exploring is dear where the roads are far apart: in a slow spell a 1 MiB all-to-all took
-    68 us a call in place and 200-900 through the areas, so a run of RUN in 64 calls added
-    about 7 us to every call's mean (docs/performance.md, "Roads explored less often"). Once in
-    EXPLORE = 512 calls costs about 1 us, and at these sizes 512 calls take well under a
-    second, where spells last minutes.
+    its copy in ("in"); as reader, its copies out of its peers' areas ("out": none where it
+    makes none) and its reads of their inputs ("read"). As owner it takes the road its own
+    costs say is cheaper for its readers (they move as it does), reading in place while that
+    costs under MARGIN times the copies; the area is the first road (`NumberedRoad`). A reader
+    takes an input from wherever its owner's word says it lies, so each owner may choose
+    alone.
     """
 
-    WARM = 4
-    EXPLORE = 512
-    RUN = 2
     MARGIN = 0.75
-    WEIGHT = 0.25
-    OUTLIER = 4
 
     def __init__(self, copied: int, taken: int) -> None:
+        super().__init__("in", "out", "read")
         self.copied, self.taken = copied, taken  # what an owner copies in, a reader takes
-        self.cost: dict[str, float | None] = {"in": None, "out": None, "read": None}
-        self.times = {"in": 0, "out": 0, "read": 0}
-        self.calls = 0
 
     def through_area(self) -> bool:
         """The road of this rank's input in the next call: True through its area."""
-        self.calls = calls = self.calls + 1
-        if calls <= 2 * self.WARM:
-            return calls <= self.WARM
+        return self._first(self._area_cheaper)
+
+    def _area_cheaper(self) -> bool:
         copy_in, copy_out, read = self.cost["in"], self.cost["out"], self.cost["read"]
-        area = copy_in is not None and (  # (no copy out timed: its readers made none)
+        return copy_in is not None and (  # (no copy out timed: its readers made none)
             read is None or read >= self.MARGIN * (copy_in * self.copied / self.taken
                                                    + (copy_out or 0)))
-        return area != (calls % self.EXPLORE < self.RUN)
 
-    def took(self, kind: str, seconds: float, nbytes: int) -> None:
-        """Fold `seconds` spent on `nbytes` of `kind` ("in", "out" or "read") into its cost."""
-        self.times[kind] += 1
-        self.cost[kind] = folded(self.cost[kind], seconds / nbytes, self.times[kind], self.WARM,
-                                 self.WEIGHT, self.OUTLIER)
+
+class ForwardRoad(NumberedRoad):
+    """Whether a two-rank ring all-reduce's middle-sized chunks take the forwarded step (see
+    "Forwarded results") or the ring's two steps, each by its own roads (`reduced_roads`, then
+    `roads`).
+
+    Neither always wins on one machine. The two steps copy through the slots, in the caches,
+    where the cores share theirs; but each rank then writes into memory that its peer read in
+    the call before (the slots, and the chunk its peer read back), and where the two cores do
+    not share a cache (the third machine's slow spells) each such write waits for the peer's
+    copy of the line to be dropped: a 2 MiB all-reduce took 1.1-1.6 ms so, where the forwarded
+    step, whose every write lands in memory that only the writer touches, took 0.25-0.33 ms in
+    both kinds of spell; in the fast ones the two steps took 0.19 (docs/performance.md,
+    "Forwarded results by the road measured cheaper"). So each rank times the whole of the
+    call's step on either road, from when both ranks have come, and votes for the cheaper; the
+    forwarded step goes only where both vote for it (the ring's steps come first,
+    `NumberedRoad`).
+    """
+
+    def __init__(self) -> None:
+        super().__init__("steps", "forward")
+
+    def forwards(self) -> bool:
+        """This rank's vote for the next call: True for the forwarded step."""
+        return not self._first(lambda: self.cost["steps"] <= self.cost["forward"])
 
 
 class SlotTransport(Transport):
@@ -918,6 +963,9 @@ class SlotTransport(Transport):
         # ... each way apart for a message its receiver reduces (a ring step of a reduce-scatter
         # or an all-reduce), whose copy out of the slots is a reduction.
         self.reduced_roads = Roads() if self.roads is not None else None
+        # ... and, on two ranks, a ring all-reduce's middle-sized chunks, fused or not
+        # (`ForwardRoad`).
+        self.forward_road = ForwardRoad() if self.roads is not None and size == 2 else None
         # ... and so do one-shot inputs read in place that an area holds (`InputRoad`).
         self.input_roads = True
         # One-shot inputs of which each rank takes this much or more are read in place, where
@@ -1141,9 +1189,12 @@ class SlotTransport(Transport):
     def reduce_forward(self, sendbuf: Any, dst: int, accbuf: Any, src: int, op: ReduceOp,
                        inbuf: Any, recvbuf: Any, divide: int, smallest: int) -> None:
         """Fused where direct reads are, every rank has a core and every chunk is of
-        DIRECT_BYTES or more (see "Forwarded results"); else as `Transport.reduce_forward`.
-        Counted, and traced, as the two steps it makes."""
-        if not self.single_copy or self.oversubscribed or smallest < DIRECT_BYTES:
+        DIRECT_BYTES or more (see "Forwarded results"), and on two ranks with chunks of
+        REDUCED_DIRECT_BYTES or more where both measure it cheaper (`ForwardRoad`); else as
+        `Transport.reduce_forward`. Counted, and traced, as the two steps it makes."""
+        chosen = self.forward_road is not None and REDUCED_DIRECT_BYTES <= smallest < DIRECT_BYTES
+        if not chosen and (not self.single_copy or self.oversubscribed
+                           or smallest < DIRECT_BYTES):
             super().reduce_forward(sendbuf, dst, accbuf, src, op, inbuf, recvbuf, divide,
                                    smallest)
             return
@@ -1151,6 +1202,49 @@ class SlotTransport(Transport):
         recvbuf = self._check(recvbuf, src)
         if inbuf.shape != accbuf.shape or inbuf.dtype != accbuf.dtype:
             raise ValueError("inbuf must match accbuf in size and dtype")
+        if self._pending is not None:  # (before the post and the announcement: see `_stream`)
+            self._check_first(dst, 0)
+        # Where the left neighbour's result lands, with this rank's vote for the forwarded
+        # step: posted before we wait on either neighbour's data or post, so that no rank
+        # waits on a neighbour that waits on it.
+        vote = not chosen or self.forward_road.forwards()
+        self._posts[src] += 1
+        post = (self._push_line + src) * WORDS
+        self._own[post + 1], self._own[post + 2] = buffer_address(recvbuf), recvbuf.nbytes
+        self._own[post + 4] = vote
+        self._own[post] = self._posts[src]  # last: the left neighbour may write now
+        try:
+            forward = not chosen or self._both_forward(dst, vote)
+            started = time.perf_counter()  # (both ranks have come)
+            if forward:
+                self._forward(sendbuf, dst, accbuf, src, op, inbuf, recvbuf, divide)
+        except BaseException:
+            _LENT.append(recvbuf)  # a live left neighbour may still write into it
+            raise
+        if not forward:
+            super().reduce_forward(sendbuf, dst, accbuf, src, op, inbuf, recvbuf, divide,
+                                   smallest)
+        if chosen:
+            self.forward_road.took("forward" if forward else "steps",
+                                   time.perf_counter() - started, accbuf.nbytes)
+
+    def _both_forward(self, dst: int, vote: bool) -> bool:
+        """Whether this rank's `vote` and dst's, which comes with its post for us, are both for
+        the forwarded step (two ranks: dst is also the left neighbour); if not, dst's post is
+        passed over, no result written into it."""
+        posts = (self._push_line + self.rank) * WORDS  # dst's post for us, in its lines
+        turn, theirs = self._pushes[dst] + 1, self._ctl[dst]
+        self.wait(lambda: theirs[posts] >= turn, dst, "where its result lands")
+        if vote and theirs[posts + 4]:
+            return True
+        self._pushes[dst] = turn
+        return False
+
+    def _forward(self, sendbuf: Any, dst: int, accbuf: Any, src: int, op: ReduceOp,
+                 inbuf: Any, recvbuf: Any, divide: int) -> None:
+        """The forwarded step, once this rank has posted where its left neighbour's result
+        lands: its outgoing chunk announced for a direct read, the left's reduced and written
+        on into dst, the left's result waited for."""
         phase, step = self.phase, self.step
         reduced = self._count("reduce", sendbuf, dst, accbuf, src)
         self.at("all-gather", 0)
@@ -1158,28 +1252,15 @@ class SlotTransport(Transport):
         self.at(phase, step)
         out = sendbuf.view(numpy.uint8)
         region = self._region_of(out) if self._registered else None
-        if self._pending is not None:  # (before the announcement: see `_stream`)
-            self._check_first(dst, 0)
         self.wait(self._slot_free, self._slot_holder(), "a free slot")
         read_by = self._announce(dst, out.size, *region) if region else \
             self._announce(dst, out.size, address=buffer_address(out))
-        # Where the left neighbour's result lands: posted before we wait on either
-        # neighbour's data or post, so that no rank waits on a neighbour that waits on it.
-        self._posts[src] += 1
-        post = (self._push_line + src) * WORDS
-        self._own[post + 1], self._own[post + 2] = buffer_address(recvbuf), recvbuf.nbytes
-        self._own[post] = self._posts[src]  # last: the left neighbour may write now
-        try:
-            self._reduce_and_push(src, dst, accbuf, op, inbuf, divide)
-            if reduced is not None:
-                reduced["end"] = time.perf_counter()
-            self.at("all-gather", 0)
-            landed = (self._push_line + self.rank) * WORDS + 3  # in src's control lines
-            self.wait(lambda: self._ctl[src][landed] >= self._posts[src], src,
-                      "its reduced chunk")
-        except BaseException:
-            _LENT.append(recvbuf)  # a live left neighbour may still write into it
-            raise
+        self._reduce_and_push(src, dst, accbuf, op, inbuf, divide)
+        if reduced is not None:
+            reduced["end"] = time.perf_counter()
+        self.at("all-gather", 0)
+        landed = (self._push_line + self.rank) * WORDS + 3  # in src's control lines
+        self.wait(lambda: self._ctl[src][landed] >= self._posts[src], src, "its reduced chunk")
         self.wait(lambda: self._has_taken(*read_by), dst, "its message to be read")
         if copied is not None:
             copied["end"] = time.perf_counter()
