@@ -60,9 +60,9 @@ ALL_REDUCE_ALGORITHMS = {"ring": ring_all_reduce, "one_shot": one_shot_all_reduc
                          "hierarchical": hierarchical_all_reduce,
                          "two_shot": two_shot_all_reduce,
                          "reduce_scatter_all_gather": reduce_scatter_all_gather}
-# The algorithms whose first move is an exchange of every rank's input, which carries the
-# call check along (`_begin`'s `folded`).
-FOLDED = ("one_shot", "reduce_scatter_all_gather")
+# The algorithms whose first move is an exchange (of every rank's input; the two-shot's, of
+# where each rank's buffer lies), which carries the call check along (`_begin`'s `folded`).
+FOLDED = ("one_shot", "reduce_scatter_all_gather", "two_shot")
 # Every call the check tells apart (check.py numbers them by their place here). Point-to-point
 # calls are checked by the two ranks they concern, not here (check.pair_agree).
 CALLS = ("all_reduce", "all_gather", "broadcast", "scatter", "reduce_scatter", "barrier",

@@ -987,15 +987,26 @@ def two_shot_scenario() -> None:
     in place and not, several ops and dtypes: NumPy's result, bitwise the same on every rank,
     the same bytes and messages as the ring over all ranks; its schedule as two_shot.py draws
     it; and `auto` takes it exactly where ranks outnumber cores, from AUTO_CHUNK_BYTES, and
-    its first pass for a reduce-scatter there."""
+    its first pass for a reduce-scatter there. Its second pass both ways: written into each
+    peer where the transport reaches their memory (`one_sided`), else by messages."""
     from mpi4py import MPI
+
+    from collectives.chunking import chunk_bounds
 
     with collectives.init("shm", timeout=30) as comm:
         rank, size, transport = comm.rank, comm.size, comm._transport
-        for count, dtype, op, in_place in [(0, "float64", "sum", False), (2, "int32", "sum", True),
-                                           (1009, "float64", "avg", False),
-                                           (70001, "float32", "max", True),
-                                           (size * 32768, "int64", "prod", False)]:
+        written: list[int] = []
+        put = transport.put
+        transport.put = lambda peer, address, data: (written.append(peer),
+                                                     put(peer, address, data))
+        one_sided = transport.one_sided
+        for count, dtype, op, in_place, reached in [
+                (0, "float64", "sum", False, one_sided), (2, "int32", "sum", True, one_sided),
+                (1009, "float64", "avg", False, one_sided),
+                (1009, "float64", "avg", False, False),
+                (70001, "float32", "max", True, one_sided),
+                (70001, "float32", "max", True, False),
+                (size * 32768, "int64", "prod", False, one_sided)]:
             mine = cases.values(rank, count, dtype)
             want = cases.reduce_reference(op, [cases.values(r, count, dtype)
                                                for r in range(size)]).astype(dtype)
@@ -1003,8 +1014,11 @@ def two_shot_scenario() -> None:
             for algorithm in ("ring", "two_shot"):
                 comm.stats.reset()
                 source = mine.copy()
+                written.clear()
+                transport.one_sided = reached
                 got = comm.all_reduce(source, source if in_place else None, op=op,
                                       algorithm=algorithm)
+                transport.one_sided = one_sided
                 counted.append(MPI.COMM_WORLD.allreduce(  # (uneven chunks: per rank, the
                     numpy.array([comm.stats.bytes_sent, comm.stats.bytes_received,  # two
                                  comm.stats.messages])).tolist())  # split them otherwise)
@@ -1012,6 +1026,10 @@ def two_shot_scenario() -> None:
             every = MPI.COMM_WORLD.allgather(got.tobytes())
             assert every == [every[0]] * size, (count, dtype, op)
             assert counted[0] == counted[1], counted
+            chunk = chunk_bounds(count, size)[rank]
+            assert written == ([(rank + step) % size for step in range(1, size)]
+                               if reached and chunk[1] > chunk[0] else []), written
+        del transport.put
         # The schedule above two_shot.py's code: every send started, then every receive, in
         # the order r+1, r+2, ..., in each pass.
         with comm.trace() as records:
