@@ -57,6 +57,9 @@ def reduce_to_root(transport: Transport, mine: Any, work: Any, op: ReduceOp, roo
             work[...] = mine
         return
     bounds = chunk_bounds(work.size, size)
+    if size == 2:
+        reduce_pair(transport, mine, work, bounds, op, root, average)
+        return
     if work.size % size == 0 and read_in_one_exchange(transport, mine.nbytes):
         # (Where ranks outnumber the cores: the first pass in one exchange, reduce_scatter.py.)
         chunk = work[slice(*bounds[rank])]
@@ -67,6 +70,20 @@ def reduce_to_root(transport: Transport, mine: Any, work: Any, op: ReduceOp, roo
         if average:
             transport.xp.true_divide(chunk, size, out=chunk)
     gather_to_root(transport, None if rank == root else chunk, work, bounds, root)
+
+
+def reduce_pair(transport: Transport, mine: Any, work: Any, bounds: list[tuple[int, int]],
+                op: ReduceOp, root: int, average: bool) -> None:
+    """Two ranks: the reduce-scatter's one step and the gather's one message in one call, which
+    a transport may fuse, the root's peer writing each piece of its chunk into the root's
+    result as soon as it has reduced it (`Transport.reduce_forward`, the result one way)."""
+    rank, peer = transport.rank, 1 - transport.rank
+    own, theirs = slice(*bounds[rank]), slice(*bounds[peer])
+    transport.at("reduce-scatter", 0)
+    transport.reduce_forward(mine[theirs], peer, work[own], peer, op, mine[own],
+                             work[theirs] if rank == root else None, 2 if average else 1,
+                             min(hi - lo for lo, hi in bounds) * work.itemsize,
+                             onward=rank != root)
 
 
 def one_shot_reduce(transport: Transport, mine: Any, work: Any | None, op: ReduceOp, root: int,

@@ -815,6 +815,8 @@ def direct_scenario() -> None:
             # root has no block of its own).
             roads = transport.reduced_roads
             kept_roads = None if roads is None else (dict(roads.cost), dict(roads.times))
+            if transport.forward_roads is not None:  # (its two steps: `forwarded_reduce`)
+                transport.forward_roads[False].forwards = lambda: False
             for reading in (1e-12, 1.0):  # (seconds a byte)
                 if roads is not None:
                     roads.times.update({"in": roads.WARM, "out": roads.WARM, "read": roads.WARM})
@@ -838,6 +840,8 @@ def direct_scenario() -> None:
             if roads is not None:
                 roads.cost.update(kept_roads[0])
                 roads.times.update(kept_roads[1])
+            if transport.forward_roads is not None:
+                del transport.forward_roads[False].forwards
             gathered_while_written(comm, mine, moved)
         # A scatter's blocks of a segment and of more than a segment: each got one-sided (a
         # direct read) where direct reads work, but for the part the root writes into a
@@ -861,6 +865,8 @@ def direct_scenario() -> None:
             moved.clear()
             numpy.testing.assert_array_equal(comm.sendrecv(mine, 1 - rank), mine - rank + left)
             assert moved == [("read", mine.nbytes)], moved
+        if size == 2:  # (first: the all-reduce's ends with a dead neighbour's call)
+            forwarded_reduce(comm, moved)
         forwarded_all_reduce(comm, moved)
         if transport.oversubscribed:  # the forwarded step on more ranks, as if each had a core
             transport.oversubscribed = False
@@ -915,7 +921,7 @@ def forwarded_all_reduce(comm, moved: list[tuple[str, int]]) -> None:
     from transports.slots import DIRECT_BYTES, REDUCED_DIRECT_BYTES
 
     rank, size, transport = comm.rank, comm.size, comm._transport
-    road = transport.forward_road
+    road = None if transport.forward_roads is None else transport.forward_roads[True]
     assert (road is not None) == (size == 2 and not transport.oversubscribed)
     votes = [(True, True), (True, False), (False, True), (False, False)] if road else [None]
     for smallest, op, in_place, registered, vote in [
@@ -980,6 +986,54 @@ def forwarded_all_reduce(comm, moved: list[tuple[str, int]]) -> None:
         else:
             raise AssertionError("a dead left neighbour went unnoticed")
         transport._pids = pids
+
+
+def forwarded_reduce(comm, moved: list[tuple[str, int]]) -> None:
+    """A reduce on two ranks: its one reduce-scatter step and its gather's one message in one
+    call (reduce.py, `reduce_pair`), fused where every rank has a core, with chunks from
+    REDUCED_DIRECT_BYTES to DIRECT_BYTES, where both ranks vote for it (`ForwardRoad`, the
+    roads of a result that goes one way): then the root's peer writes its reduced chunk into
+    the root's result and the root writes nothing; each vote timed on the road taken. Larger
+    chunks take the two steps. Either way NumPy's result at either root, in place or not,
+    counted and traced as the two steps."""
+    from transports.slots import DIRECT_BYTES, REDUCED_DIRECT_BYTES
+
+    rank, transport = comm.rank, comm._transport
+    road = None if transport.forward_roads is None else transport.forward_roads[False]
+    votes = [(True, True), (True, False), (False, True), (False, False)] if road else [None]
+    for root in (0, 1):
+        for smallest, op, in_place, vote in [
+                *[(REDUCED_DIRECT_BYTES, "sum", False, both) for both in votes],
+                (DIRECT_BYTES, "avg", True, None)]:
+            count = 2 * smallest // 4 + 1  # float32: the root's peer's chunk the smaller
+            bounds = collectives.chunking.chunk_bounds(count, 2)
+            mine = cases.values(rank, count, "float32")
+            want = cases.reduce_reference(op, [cases.values(r, count, "float32")
+                                               for r in range(2)]).astype("float32")
+            if vote is not None:
+                road.forwards = lambda: vote[rank]
+                times = dict(road.times)
+            moved.clear()
+            comm.stats.reset()
+            with comm.trace() as records:
+                got = comm.reduce(mine, mine if in_place and rank == root else None, op=op,
+                                  root=root)
+            if rank == root:
+                cases.assert_matches(got, want, "float32")
+            fused = vote == (True, True)  # (of larger chunks too: as two steps)
+            if vote is not None:
+                del road.forwards
+                times["forward" if fused else "steps"] += 1
+                assert road.times == times, (vote, road.times)
+            written = sum(nbytes for kind, nbytes in moved if kind == "write")
+            chunk = bounds[rank][1] - bounds[rank][0]
+            if fused:
+                assert written == (0 if rank == root else chunk * 4), moved
+            assert [(r["kind"], r["phase"], r["step"]) for r in records] == [
+                ("reduce", "reduce-scatter", 0), ("copy", "gather", 0)], records
+            peers = bounds[1 - rank][1] - bounds[1 - rank][0]
+            assert (comm.stats.bytes_sent, comm.stats.messages) == \
+                ((peers * 4, 1) if rank == root else ((peers + chunk) * 4, 2)), vars(comm.stats)
 
 
 def two_shot_scenario() -> None:

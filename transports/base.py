@@ -206,6 +206,12 @@ def _sent() -> None:
     """The wait of a send that is already whole."""
 
 
+def result_phase(onward: bool, recvbuf: Any | None) -> str:
+    """The phase of `Transport.reduce_forward`'s second step: an all-reduce's all-gather, or,
+    where the result goes one way only, a reduce's gather."""
+    return "all-gather" if onward and recvbuf is not None else "gather"
+
+
 def buffer_address(buf: Any) -> int:
     """Address of the first element of a NumPy or CuPy array. (Of a NumPy one through a
     ctypes view where it is writable and contiguous, 1 us; its `ctypes.data` takes 3, and is
@@ -439,18 +445,23 @@ class Transport(ABC):
             record["end"] = time.perf_counter()
 
     def reduce_forward(self, sendbuf: Any, dst: int, accbuf: Any, src: int, op: ReduceOp,
-                       inbuf: Any, recvbuf: Any, divide: int, smallest: int) -> None:
+                       inbuf: Any, recvbuf: Any | None, divide: int, smallest: int,
+                       onward: bool = True) -> None:
         """A ring all-reduce's last reduce-scatter step and its first all-gather step, which
         a transport may fuse: `sendrecv_reduce(sendbuf, dst, accbuf, src, op, inbuf)`,
         accbuf /= divide (an average; 1: none), then `sendrecv(accbuf, dst, recvbuf, src)`.
-        `smallest`, every rank's smallest ring chunk in bytes, is the same on every rank, so
-        that a transport which fuses the steps for some sizes decides alike on every rank.
-        Here the two steps are made one after the other."""
+        On two ranks, a reduce's one step and its gather's one message (reduce.py) the same
+        way, the result going one way only: the root takes its peer's into `recvbuf` and sends
+        its own to none (`onward` False), the peer takes none (`recvbuf` None). `smallest`,
+        every rank's smallest chunk in bytes, is the same on every rank, so that a transport
+        which fuses the steps for some sizes decides alike on every rank. Here the two steps
+        are made one after the other."""
         self.sendrecv_reduce(sendbuf, dst, accbuf, src, op, inbuf)
         if divide != 1:
             self.xp.true_divide(accbuf, divide, out=accbuf)
-        self.at("all-gather", 0)
-        self.sendrecv(accbuf, dst, recvbuf, src)
+        self.at(result_phase(onward, recvbuf), 0)
+        self.sendrecv(accbuf if onward else None, dst if onward else None, recvbuf,
+                      None if recvbuf is None else src)
 
     def message(self, sendbuf: Any | None, dst: int | None, recvbuf: Any | None,
                 src: int | None, check: Callable[[], None] | None) -> None:

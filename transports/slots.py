@@ -275,7 +275,7 @@ from mpi4py import MPI
 
 from .base import (CALL_WORDS, GENERAL_WAY, MESSAGES, READIED, SILENT, Exchange, Half, Heard,
                    Moved, Reads, ReduceOp, Transport, buffer_address, call_line, kept,
-                   ring_kinds, ring_step, swapped_dtypes)
+                   result_phase, ring_kinds, ring_step, swapped_dtypes)
 from .bootstrap import duplicated, on_one_node, start
 from .errors import CollectiveError, InvalidArgumentError, MismatchError, PeerFailedError
 from .shared_memory import SHM_DIR, free_bytes, read_peer_bytes, share_regions, write_peer_bytes
@@ -963,9 +963,10 @@ class SlotTransport(Transport):
         # ... each way apart for a message its receiver reduces (a ring step of a reduce-scatter
         # or an all-reduce), whose copy out of the slots is a reduction.
         self.reduced_roads = Roads() if self.roads is not None else None
-        # ... and, on two ranks, a ring all-reduce's middle-sized chunks, fused or not
-        # (`ForwardRoad`).
-        self.forward_road = ForwardRoad() if self.roads is not None and size == 2 else None
+        # ... and, on two ranks, a ring all-reduce's middle-sized chunks, fused or not, and
+        # a reduce's (`ForwardRoad`), by whether the result goes both ways.
+        self.forward_roads = {True: ForwardRoad(), False: ForwardRoad()} \
+            if self.roads is not None and size == 2 else None
         # ... and so do one-shot inputs read in place that an area holds (`InputRoad`).
         self.input_roads = True
         # One-shot inputs of which each rank takes this much or more are read in place, where
@@ -1187,46 +1188,56 @@ class SlotTransport(Transport):
                       "a segment" if k_in < n_in else "a free slot")
 
     def reduce_forward(self, sendbuf: Any, dst: int, accbuf: Any, src: int, op: ReduceOp,
-                       inbuf: Any, recvbuf: Any, divide: int, smallest: int) -> None:
+                       inbuf: Any, recvbuf: Any | None, divide: int, smallest: int,
+                       onward: bool = True) -> None:
         """Fused where direct reads are, every rank has a core and every chunk is of
-        DIRECT_BYTES or more (see "Forwarded results"), and on two ranks with chunks of
-        REDUCED_DIRECT_BYTES or more where both measure it cheaper (`ForwardRoad`); else as
-        `Transport.reduce_forward`. Counted, and traced, as the two steps it makes."""
-        chosen = self.forward_road is not None and REDUCED_DIRECT_BYTES <= smallest < DIRECT_BYTES
-        if not chosen and (not self.single_copy or self.oversubscribed
-                           or smallest < DIRECT_BYTES):
+        DIRECT_BYTES or more (see "Forwarded results"), and on two ranks with chunks from
+        REDUCED_DIRECT_BYTES to DIRECT_BYTES where both measure it cheaper (`ForwardRoad`, one
+        for each kind: the result both ways, or one); else as `Transport.reduce_forward`. A
+        result that goes one way (a reduce's) is fused only so: of larger chunks, the root's
+        peer, writing the whole of its chunk while the root writes none, took longer than the
+        two steps (a 16 MiB reduce on 2 ranks, 2.6-3.3 ms against 2.1-2.7). Counted, and
+        traced, as the two steps it makes."""
+        both = onward and recvbuf is not None
+        road = None if self.forward_roads is None or not \
+            REDUCED_DIRECT_BYTES <= smallest < DIRECT_BYTES else self.forward_roads[both]
+        if road is None and not (both and self.single_copy and not self.oversubscribed
+                                 and smallest >= DIRECT_BYTES):
             super().reduce_forward(sendbuf, dst, accbuf, src, op, inbuf, recvbuf, divide,
-                                   smallest)
+                                   smallest, onward)
             return
         sendbuf, accbuf = self._check(sendbuf, dst), self._check(accbuf, src)
-        recvbuf = self._check(recvbuf, src)
+        if recvbuf is not None:
+            recvbuf = self._check(recvbuf, src)
         if inbuf.shape != accbuf.shape or inbuf.dtype != accbuf.dtype:
             raise ValueError("inbuf must match accbuf in size and dtype")
         if self._pending is not None:  # (before the post and the announcement: see `_stream`)
             self._check_first(dst, 0)
-        # Where the left neighbour's result lands, with this rank's vote for the forwarded
-        # step: posted before we wait on either neighbour's data or post, so that no rank
-        # waits on a neighbour that waits on it.
-        vote = not chosen or self.forward_road.forwards()
+        # Where the left neighbour's result lands (nowhere: none is taken), with this rank's
+        # vote for the forwarded step: posted before we wait on either neighbour's data or
+        # post, so that no rank waits on a neighbour that waits on it.
+        vote = road is None or road.forwards()
         self._posts[src] += 1
         post = (self._push_line + src) * WORDS
-        self._own[post + 1], self._own[post + 2] = buffer_address(recvbuf), recvbuf.nbytes
+        self._own[post + 1], self._own[post + 2] = (0, 0) if recvbuf is None else \
+            (buffer_address(recvbuf), recvbuf.nbytes)
         self._own[post + 4] = vote
         self._own[post] = self._posts[src]  # last: the left neighbour may write now
         try:
-            forward = not chosen or self._both_forward(dst, vote)
+            forward = road is None or self._both_forward(dst, vote)
             started = time.perf_counter()  # (both ranks have come)
             if forward:
-                self._forward(sendbuf, dst, accbuf, src, op, inbuf, recvbuf, divide)
+                self._forward(sendbuf, dst, accbuf, src, op, inbuf, recvbuf, divide, onward)
         except BaseException:
-            _LENT.append(recvbuf)  # a live left neighbour may still write into it
+            if recvbuf is not None:
+                _LENT.append(recvbuf)  # a live left neighbour may still write into it
             raise
         if not forward:
             super().reduce_forward(sendbuf, dst, accbuf, src, op, inbuf, recvbuf, divide,
-                                   smallest)
-        if chosen:
-            self.forward_road.took("forward" if forward else "steps",
-                                   time.perf_counter() - started, accbuf.nbytes)
+                                   smallest, onward)
+        if road is not None:
+            road.took("forward" if forward else "steps", time.perf_counter() - started,
+                      accbuf.nbytes)
 
     def _both_forward(self, dst: int, vote: bool) -> bool:
         """Whether this rank's `vote` and dst's, which comes with its post for us, are both for
@@ -1241,48 +1252,54 @@ class SlotTransport(Transport):
         return False
 
     def _forward(self, sendbuf: Any, dst: int, accbuf: Any, src: int, op: ReduceOp,
-                 inbuf: Any, recvbuf: Any, divide: int) -> None:
+                 inbuf: Any, recvbuf: Any | None, divide: int, onward: bool) -> None:
         """The forwarded step, once this rank has posted where its left neighbour's result
-        lands: its outgoing chunk announced for a direct read, the left's reduced and written
-        on into dst, the left's result waited for."""
-        phase, step = self.phase, self.step
+        lands: its outgoing chunk announced for a direct read, the left's reduced and, where
+        `onward`, written on into dst; the left's result waited for, where one comes."""
+        phase, step, then = self.phase, self.step, result_phase(onward, recvbuf)
         reduced = self._count("reduce", sendbuf, dst, accbuf, src)
-        self.at("all-gather", 0)
-        copied = self._count("copy", accbuf, dst, recvbuf, src)
+        self.at(then, 0)
+        copied = self._count("copy", accbuf if onward else None, dst if onward else None,
+                             recvbuf, None if recvbuf is None else src)
         self.at(phase, step)
         out = sendbuf.view(numpy.uint8)
         region = self._region_of(out) if self._registered else None
         self.wait(self._slot_free, self._slot_holder(), "a free slot")
         read_by = self._announce(dst, out.size, *region) if region else \
             self._announce(dst, out.size, address=buffer_address(out))
-        self._reduce_and_push(src, dst, accbuf, op, inbuf, divide)
+        self._reduce_and_push(src, dst if onward else None, accbuf, op, inbuf, divide)
         if reduced is not None:
             reduced["end"] = time.perf_counter()
-        self.at("all-gather", 0)
-        landed = (self._push_line + self.rank) * WORDS + 3  # in src's control lines
-        self.wait(lambda: self._ctl[src][landed] >= self._posts[src], src, "its reduced chunk")
+        self.at(then, 0)
+        if recvbuf is not None:
+            landed = (self._push_line + self.rank) * WORDS + 3  # in src's control lines
+            self.wait(lambda: self._ctl[src][landed] >= self._posts[src], src,
+                      "its reduced chunk")
         self.wait(lambda: self._has_taken(*read_by), dst, "its message to be read")
         if copied is not None:
             copied["end"] = time.perf_counter()
 
-    def _reduce_and_push(self, src: int, dst: int, accbuf: Any, op: ReduceOp, inbuf: Any,
-                         divide: int) -> None:
-        """accbuf = op(inbuf, src's announced message) / divide, a piece at a time,
-        each piece written on into the buffer that `dst` posted as soon as it is reduced."""
+    def _reduce_and_push(self, src: int, dst: int | None, accbuf: Any, op: ReduceOp,
+                         inbuf: Any, divide: int) -> None:
+        """accbuf = op(inbuf, src's announced message) / divide, a piece at a time, each
+        piece written on into the buffer that `dst` posted as soon as it is reduced (dst None:
+        kept; on two ranks, dst is src)."""
         j = self._wait_find(src)
         into = accbuf.view(numpy.uint8)
         self._check_size(src, j, into.size)
         address, region, offset = self._ctl[src][self._slot_words[j] + 2:self._slot_words[j] + 5]
-        posts = (self._push_line + self.rank) * WORDS  # dst's post for us, in its lines
-        turn = self._pushes[dst] + 1
-        theirs = self._ctl[dst]
-        self.wait(lambda: theirs[posts] >= turn, dst, "where its result lands")
-        target, nbytes = theirs[posts + 1], theirs[posts + 2]
-        if nbytes != into.size:
-            raise MismatchError(f"rank {self.named(self.rank)} would send {into.size} bytes to "
-                                f"rank {self.named(dst)} "
-                                f"but it expects {nbytes}"
-                                + self.during())
+        peer = src if dst is None else dst  # (whose post this call's turn passes)
+        turn = self._pushes[peer] + 1
+        if dst is not None:
+            posts = (self._push_line + self.rank) * WORDS  # dst's post for us, in its lines
+            theirs = self._ctl[dst]
+            self.wait(lambda: theirs[posts] >= turn, dst, "where its result lands")
+            target, nbytes = theirs[posts + 1], theirs[posts + 2]
+            if nbytes != into.size:
+                raise MismatchError(f"rank {self.named(self.rank)} would send {into.size} "
+                                    f"bytes to rank {self.named(dst)} "
+                                    f"but it expects {nbytes}"
+                                    + self.during())
         # The message: where it lies in src's memory, or our mapping of its registered memory.
         message = self._registered[region - 1][src][offset:offset + into.size] if region \
             else address
@@ -1290,11 +1307,14 @@ class SlotTransport(Transport):
             if divide != 1:
                 piece = into[lo:hi].view(accbuf.dtype)
                 self.xp.true_divide(piece, divide, out=piece)
-            self._move(self.memory.write, dst, "write its result into rank {}",
-                       target + lo, into[lo:hi])
+            if dst is not None:
+                self._move(self.memory.write, dst, "write its result into rank {}",
+                           target + lo, into[lo:hi])
         self._consumed(src)
-        self._pushes[dst] = turn
-        self._own[(self._push_line + dst) * WORDS + 3] = turn  # our result to dst has landed
+        # This turn passed on either way, so that the counters go on in step (a rank with
+        # no result to write passes its peer's post over).
+        self._pushes[peer] = turn
+        self._own[(self._push_line + peer) * WORDS + 3] = turn  # our result has landed
 
     def _move(self, move: Callable[..., None], peer: int, what: str, *args: Any) -> None:
         """move(peer's pid, *args): a move between this rank's memory and `peer`'s (memory.read
