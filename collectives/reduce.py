@@ -26,6 +26,9 @@ receives the running reduction, adds its own and passes it on) would send S from
 and receive S at the root, but each rank would reduce the whole buffer, and the last segment
 would reach the root only after N-1 hops. Both keep scratch at S on every rank but the root.
 
+On two ranks the reduce-scatter's one step and the gather's one message are one call
+(`reduce_pair`, `Transport.reduce_forward`), which a transport may fuse: the root's peer writes
+each piece of its chunk into the root's result as soon as it has reduced it.
 Small buffers take one exchange instead (`one_shot_reduce`): every rank publishes its buffer,
 and the root reduces all N in rank order, as the one-shot all-reduce does. Where ranks
 outnumber the cores and the transport reads each chunk in place, the first pass is one
