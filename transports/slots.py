@@ -112,7 +112,11 @@ from its left a piece at a time, reduces each piece into place, and writes the p
 straight on into its right neighbour's posted buffer (`process_vm_writev`) while the piece is
 still in cache. Without it the right neighbour would read the whole chunk back from memory
 in a step of its own: measured on 2 ranks, a 16 MiB all-reduce of ordinary buffers takes
-about a seventh less time (docs/transports.md, "Shared memory").
+about a seventh less time (docs/transports.md, "Shared memory"). On two ranks with a core each,
+chunks from REDUCED_DIRECT_BYTES to DIRECT_BYTES are fused too where both ranks measure it
+cheaper (`ForwardRoad`): each posts with its vote, and the step is fused where both vote for
+it. So is a reduce's step with its gather's message, the result going one way (the root's
+peer writes; the root writes nothing, and its peer takes nothing back).
 
 Registered memory. `register` hands out memory in a region of its own that every peer maps,
 as MPI_Win_allocate_shared does. A message sent from there takes one slot line naming the
