@@ -940,9 +940,7 @@ def forwarded_all_reduce(comm, moved: list[tuple[str, int]]) -> None:
                 held[...], mine = mine, held
         want = cases.reduce_reference(op, [cases.values(r, count, "float32")
                                            for r in range(size)]).astype("float32")
-        if vote is not None:
-            road.forwards = lambda: vote[rank]
-            times = dict(road.times)
+        times = pinned(road, vote, rank)
         moved.clear()
         comm.stats.reset()
         with comm.trace() as records:
@@ -952,10 +950,7 @@ def forwarded_all_reduce(comm, moved: list[tuple[str, int]]) -> None:
         assert every == [every[0]] * size, (smallest, op)
         owned = (rank + 1) % size
         fused = not transport.oversubscribed and smallest >= DIRECT_BYTES or vote == (True, True)
-        if vote is not None:
-            del road.forwards
-            times["forward" if fused else "steps"] += 1
-            assert road.times == times, (vote, road.times)
+        timed_as_taken(road, vote, times, fused)
         written = sum(nbytes for kind, nbytes in moved if kind == "write")
         assert written == ((bounds[owned][1] - bounds[owned][0]) * 4 if fused else 0), moved
         if registered and fused and size == 2 and rank == 1:  # rank 0's chunk read where it
@@ -988,6 +983,25 @@ def forwarded_all_reduce(comm, moved: list[tuple[str, int]]) -> None:
         transport._pids = pids
 
 
+def pinned(road, vote: tuple[bool, bool] | None, rank: int) -> dict[str, int] | None:
+    """This rank's vote on `road` (a `ForwardRoad`) pinned to vote[rank] for the next call
+    (None: left to the road); the road's times so far."""
+    if vote is None:
+        return None
+    road.forwards = lambda: vote[rank]
+    return dict(road.times)
+
+
+def timed_as_taken(road, vote: tuple[bool, bool] | None, times: dict[str, int] | None,
+                   fused: bool) -> None:
+    """After a call with a pinned vote (`pinned`): the vote unpinned, and the call timed on the
+    road it took."""
+    if vote is not None:
+        del road.forwards
+        times["forward" if fused else "steps"] += 1
+        assert road.times == times, (vote, road.times)
+
+
 def forwarded_reduce(comm, moved: list[tuple[str, int]]) -> None:
     """A reduce on two ranks: its one reduce-scatter step and its gather's one message in one
     call (reduce.py, `reduce_pair`), fused where every rank has a core, with chunks from
@@ -996,6 +1010,7 @@ def forwarded_reduce(comm, moved: list[tuple[str, int]]) -> None:
     the root's result and the root writes nothing; each vote timed on the road taken. Larger
     chunks take the two steps. Either way NumPy's result at either root, in place or not,
     counted and traced as the two steps."""
+    from collectives.chunking import chunk_bounds
     from transports.slots import DIRECT_BYTES, REDUCED_DIRECT_BYTES
 
     rank, transport = comm.rank, comm._transport
@@ -1006,13 +1021,11 @@ def forwarded_reduce(comm, moved: list[tuple[str, int]]) -> None:
                 *[(REDUCED_DIRECT_BYTES, "sum", False, both) for both in votes],
                 (DIRECT_BYTES, "avg", True, None)]:
             count = 2 * smallest // 4 + 1  # float32: the root's peer's chunk the smaller
-            bounds = collectives.chunking.chunk_bounds(count, 2)
+            bounds = chunk_bounds(count, 2)
             mine = cases.values(rank, count, "float32")
             want = cases.reduce_reference(op, [cases.values(r, count, "float32")
                                                for r in range(2)]).astype("float32")
-            if vote is not None:
-                road.forwards = lambda: vote[rank]
-                times = dict(road.times)
+            times = pinned(road, vote, rank)
             moved.clear()
             comm.stats.reset()
             with comm.trace() as records:
@@ -1021,10 +1034,7 @@ def forwarded_reduce(comm, moved: list[tuple[str, int]]) -> None:
             if rank == root:
                 cases.assert_matches(got, want, "float32")
             fused = vote == (True, True)  # (of larger chunks too: as two steps)
-            if vote is not None:
-                del road.forwards
-                times["forward" if fused else "steps"] += 1
-                assert road.times == times, (vote, road.times)
+            timed_as_taken(road, vote, times, fused)
             written = sum(nbytes for kind, nbytes in moved if kind == "write")
             chunk = bounds[rank][1] - bounds[rank][0]
             if fused:
