@@ -843,7 +843,8 @@ class InputRoad(NumberedRoad):
 class ForwardRoad(NumberedRoad):
     """Whether a two-rank ring all-reduce's middle-sized chunks take the forwarded step (see
     "Forwarded results") or the ring's two steps, each by its own roads (`reduced_roads`, then
-    `roads`).
+    `roads`); in a road of its own, whether a two-rank reduce's step and message do (its
+    result going one way).
 
     Neither always wins on one machine. The two steps copy through the slots, in the caches,
     where the cores share theirs; but each rank then writes into memory that its peer read in
