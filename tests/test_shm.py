@@ -1019,6 +1019,7 @@ def forwarded_reduce(comm, moved: list[tuple[str, int]]) -> None:
     for root in (0, 1):
         for smallest, op, in_place, vote in [
                 *[(REDUCED_DIRECT_BYTES, "sum", False, both) for both in votes],
+                (REDUCED_DIRECT_BYTES, "avg", True, votes[0]),
                 (DIRECT_BYTES, "avg", True, None)]:
             count = 2 * smallest // 4 + 1  # float32: the root's peer's chunk the smaller
             bounds = chunk_bounds(count, 2)
