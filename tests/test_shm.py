@@ -1967,10 +1967,12 @@ def input_roads_scenario() -> None:
         if transport.roads is None:
             print("input roads: no direct reads here", flush=True)  # (or no core each)
             return
+        reads_inputs = transport.reads_inputs_from, transport.reads_inputs_above
         transport.reads_inputs_from, transport.reads_inputs_above = 1, 0  # (every size)
         block = transport.one_shot_bytes // 8 // size
         reads: list[int] = []
         read_peer_bytes, explore = slots.read_peer_bytes, slots.InputRoad.EXPLORE
+        leaves = slots.LeftRoad.leaves
         slots.read_peer_bytes = lambda *args: (reads.append(args[3]), read_peer_bytes(*args))
         slots.InputRoad.EXPLORE = 16  # (a run on the other road within a few calls)
         def inputs(count: int) -> list[numpy.ndarray]:
@@ -2033,8 +2035,29 @@ def input_roads_scenario() -> None:
                 for _ in range(2):
                     made = calls(general)
                     assert made == [rank == 0] * 5, made
+            # On two ranks a reduce's other rank, which takes nothing of the input that its
+            # root reduces, puts it in its area, or leaves it where it lies for the root to
+            # read, as its `LeftRoad` says; its root takes it from where it lies, and each
+            # call is timed on the road taken.
+            transport.reads_inputs_from, transport.reads_inputs_above = reads_inputs
+            if size == 2 and transport.shares_inputs_from is not None:
+                mine = numpy.arange(transport.shares_inputs_from // 8, dtype=float) * (rank + 2)
+                timed: list[str] = []
+                slots.LeftRoad.took = lambda road, kind, *_: timed.append(kind)
+                for left in (False, True, False):
+                    slots.LeftRoad.leaves = lambda road: left
+                    for root in (0, 1):
+                        reads.clear()
+                        got = comm.reduce(mine, root=root)
+                        if rank == root:
+                            numpy.testing.assert_array_equal(got, mine / (rank + 2) * 5)
+                        assert reads == ([mine.nbytes] if left and rank == root else []), reads
+                assert timed == ["area", "place", "area"], timed  # (as the other rank)
         finally:
             slots.read_peer_bytes, slots.InputRoad.EXPLORE = read_peer_bytes, explore
+            slots.LeftRoad.leaves = leaves
+            if "took" in vars(slots.LeftRoad):  # (NumberedRoad's again)
+                del slots.LeftRoad.took
     print("input roads ok", flush=True)
 
 

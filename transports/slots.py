@@ -840,6 +840,32 @@ class InputRoad(NumberedRoad):
                                                    + (copy_out or 0)))
 
 
+class LeftRoad(NumberedRoad):
+    """Whether an owner that takes nothing of a one-shot input that its reader reduces (a
+    two-rank reduce's other rank, from SHARED_BYTES: see "Shared inputs") copies it into its
+    area, or leaves it where it lies for its reader to read.
+
+    Through the area the owner copies it into memory that its reader read in the call before,
+    which in a slow spell of the third machine costs several times a copy (a 1 MiB reduce took
+    444-552 us so, 41-48 in a fast spell); left in place, the reader reads it by a system call,
+    at two to four times a copy's time a byte, whatever the spell. The owner times its whole
+    exchange on either road: through the area its copy, in place its wait for the reader's
+    read, beside what both roads share. Its reader takes the input from wherever its word says
+    it lies, so the owner chooses alone. (`Sharing`, which weighs the copy against a fixed
+    bound, left it in place in runs where the area took 41-48 us.) Measured on 2 ranks
+    (docs/performance.md, "A reduce on two ranks, its peer's chunk written into the root"): in
+    slow runs a 1 MiB reduce took 126-130 us where it took 440-449 through the area, in fast
+    ones 41-46 as before.
+    """
+
+    def __init__(self) -> None:
+        super().__init__("area", "place")
+
+    def leaves(self) -> bool:
+        """The road of the next call: True left where it lies."""
+        return not self._first(lambda: self.cost["area"] <= self.cost["place"])
+
+
 class ForwardRoad(NumberedRoad):
     """Whether a two-rank ring all-reduce's middle-sized chunks take the forwarded step (see
     "Forwarded results") or the ring's two steps, each by its own roads (`reduced_roads`, then
@@ -2162,6 +2188,10 @@ class SlotTransport(Transport):
             and self.input_roads and 0 < nbytes <= self._area_bytes and taken and copied \
             else None
         sharing = self.sharing
+        # An owner that takes nothing of an input that its reader reduces (a reduce's other
+        # rank's) leaves it where it lies, or puts it in its area, by the road it measures
+        # cheaper where every rank has a core (`LeftRoad`).
+        left_road = LeftRoad() if offers and self.roads is not None else None
         # What a shared input's owner writes: half, or more where its reader has work meanwhile.
         parts = {eighths: _sender_part(nbytes, eighths) for eighths in (4, ALONGSIDE_EIGHTHS)}
         peer = (rank + 1) % size  # (the only one, where inputs are shared)
@@ -2183,6 +2213,9 @@ class SlotTransport(Transport):
             alongside, self._alongside = self._alongside, None
             gauged = offers and whole and not word & REGISTERED  # (`Sharing` chooses)
             through_area = road is not None and road.through_area() and not word & REGISTERED
+            chosen = left_road is not None and not whole and not unread \
+                and not word & REGISTERED
+            left, started = chosen and left_road.leaves(), time.perf_counter()
             overlaps = into_at is not None and into_at < ours_at + nbytes \
                 and ours_at < into_at + into.nbytes  # (what lands would change ours)
             if unread:  # none takes it: nothing to say where it lies, none to wait for
@@ -2195,13 +2228,13 @@ class SlotTransport(Transport):
                     ctypes.memmove(area_at + lo, ours_at + lo, length)
                 road.took("in", time.perf_counter() - started, copied)
                 word = 0
-            elif gauged or not by_address and (overlaps or not word & REGISTERED
-                                               and not leaves):
+            elif gauged or not by_address and not left and (
+                    overlaps or not word & REGISTERED and not leaves):
                 # Through our area (where we place what we take over `buf` too): none waits.
-                started = time.perf_counter()
+                copying = time.perf_counter()
                 ctypes.memmove(areas_at[parity][rank], ours_at, nbytes)
                 if gauged:  # (the copy timed for `Sharing`)
-                    sharing.took(time.perf_counter() - started, nbytes)
+                    sharing.took(time.perf_counter() - copying, nbytes)
                 word = 0
             if into is not None and into.nbytes == alone_length:
                 into_at -= alone_at  # (so that its one block lands at its start)
@@ -2213,9 +2246,13 @@ class SlotTransport(Transport):
             own[address[parity]] = word
             own[PUBLISHED * WORDS] = turn  # last: the line and the address are now visible
             try:
-                return take(buf, line, into, turn, parity, mine, their_lines, ours_at, into_at,
-                            word, unread, asks, alongside, parts[eighths],
-                            keeps and into is None)
+                inputs = take(buf, line, into, turn, parity, mine, their_lines, ours_at, into_at,
+                              word, unread, asks, alongside, parts[eighths],
+                              keeps and into is None)
+                if chosen:  # (left: once its reader has read it)
+                    left_road.took("place" if left else "area", time.perf_counter() - started,
+                                   nbytes)
+                return inputs
             except BaseException as error:
                 if asks and own[share + 4] == turn:  # withdrawn
                     own[share + 4] = 0
