@@ -101,8 +101,10 @@ reading it whole (`process_vm_readv`) while the owner reads the reader's; where 
 and every rank has a core, only while that road costs less than the area's (`InputRoad`, as for
 "Inputs read in place" below: on the third machine, where a read costs three to four times a
 copy, a 1 MiB all-reduce took 125-145 us left in place and 66-77 through the areas). A
-reduce's other rank, which takes nothing, keeps its area: left in place, its root's direct read
-cost a 1 MiB reduce 222-244 us against 202-213 (a slow spell).
+reduce's other rank, which takes nothing, puts its input in its area, or leaves it in place for
+its root to read, by the road it measures cheaper (`LeftRoad`): in a slow spell its copy into
+the area, into memory the root read in the call before, made a 1 MiB reduce take 440-449 us,
+left in place 126-130; in a fast one the area wins.
 
 Forwarded results. A ring all-reduce's last reduce-scatter step and its first all-gather
 step (`reduce_forward`) are fused where direct reads are, every rank has a core, and every
