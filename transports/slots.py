@@ -2215,9 +2215,9 @@ class SlotTransport(Transport):
             alongside, self._alongside = self._alongside, None
             gauged = offers and whole and not word & REGISTERED  # (`Sharing` chooses)
             through_area = road is not None and road.through_area() and not word & REGISTERED
-            chosen = left_road is not None and not whole and not unread \
+            chosen = left_road is not None and not whole and not unread and not by_address \
                 and not word & REGISTERED
-            left, started = chosen and left_road.leaves(), time.perf_counter()
+            left, began = chosen and left_road.leaves(), time.perf_counter()
             overlaps = into_at is not None and into_at < ours_at + nbytes \
                 and ours_at < into_at + into.nbytes  # (what lands would change ours)
             if unread:  # none takes it: nothing to say where it lies, none to wait for
@@ -2252,7 +2252,7 @@ class SlotTransport(Transport):
                               word, unread, asks, alongside, parts[eighths],
                               keeps and into is None)
                 if chosen:  # (left: once its reader has read it)
-                    left_road.took("place" if left else "area", time.perf_counter() - started,
+                    left_road.took("place" if left else "area", time.perf_counter() - began,
                                    nbytes)
                 return inputs
             except BaseException as error:
