@@ -1276,13 +1276,18 @@ class SlotTransport(Transport):
         """Whether this rank's `vote` and dst's, which comes with its post for us, are both for
         the forwarded step (two ranks: dst is also the left neighbour); if not, dst's post is
         passed over, no result written into it."""
-        posts = (self._push_line + self.rank) * WORDS  # dst's post for us, in its lines
+        if vote and self._post_of(dst)[4]:
+            return True
+        self._pushes[dst] += 1
+        return False
+
+    def _post_of(self, dst: int) -> Any:
+        """dst's post for us for this turn, once it has come, in its control lines: its count,
+        where our result lands and its size, then (word 4) its vote."""
+        posts = (self._push_line + self.rank) * WORDS
         turn, theirs = self._pushes[dst] + 1, self._ctl[dst]
         self.wait(lambda: theirs[posts] >= turn, dst, "where its result lands")
-        if vote and theirs[posts + 4]:
-            return True
-        self._pushes[dst] = turn
-        return False
+        return theirs[posts:posts + WORDS]
 
     def _forward(self, sendbuf: Any, dst: int, accbuf: Any, src: int, op: ReduceOp,
                  inbuf: Any, recvbuf: Any | None, divide: int, onward: bool) -> None:
@@ -1324,10 +1329,7 @@ class SlotTransport(Transport):
         peer = src if dst is None else dst  # (whose post this call's turn passes)
         turn = self._pushes[peer] + 1
         if dst is not None:
-            posts = (self._push_line + self.rank) * WORDS  # dst's post for us, in its lines
-            theirs = self._ctl[dst]
-            self.wait(lambda: theirs[posts] >= turn, dst, "where its result lands")
-            target, nbytes = theirs[posts + 1], theirs[posts + 2]
+            _, target, nbytes = self._post_of(dst)[:3]
             if nbytes != into.size:
                 raise MismatchError(f"rank {self.named(self.rank)} would send {into.size} "
                                     f"bytes to rank {self.named(dst)} "
@@ -2217,7 +2219,8 @@ class SlotTransport(Transport):
             through_area = road is not None and road.through_area() and not word & REGISTERED
             chosen = left_road is not None and not whole and not unread and not by_address \
                 and not word & REGISTERED
-            left, began = chosen and left_road.leaves(), time.perf_counter()
+            left = chosen and left_road.leaves()
+            began = time.perf_counter() if chosen else 0.0
             overlaps = into_at is not None and into_at < ours_at + nbytes \
                 and ours_at < into_at + into.nbytes  # (what lands would change ours)
             if unread:  # none takes it: nothing to say where it lies, none to wait for
