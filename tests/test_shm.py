@@ -743,8 +743,15 @@ def direct_scenario() -> None:
         moved: list[tuple[str, int]] = []
         memory = transport.memory
         read, write = memory.read, memory.write
-        memory.read = lambda pid, address, into: (moved.append(("read", into.nbytes)),
-                                                  read(pid, address, into))
+        past: list[int] = []  # how far past its offset in the peer's page each reduced piece lands
+
+        def counted_read(pid: int, address: int, into: numpy.ndarray) -> None:
+            moved.append(("read", into.nbytes))
+            if numpy.shares_memory(into, transport._scratch):
+                past.append((into.ctypes.data - address) % 4096)
+            read(pid, address, into)
+
+        memory.read = counted_read
         memory.write = lambda pid, address, data: (moved.append(("write", data.nbytes)),
                                                    write(pid, address, data))
         right, left = (rank + 1) % size, (rank - 1) % size
@@ -823,8 +830,10 @@ def direct_scenario() -> None:
                     roads.cost.update({"in": 1e-9, "out": 1e-9, "read": reading})
                     roads.explored = math.inf  # (no exploring)
                 moved.clear()
+                past.clear()
                 transport.sharing.shares = lambda: True
                 got = comm.reduce(mine, root=0)
+                assert set(past) <= {2048}, past  # (half a page, as `_shifted` places it)
                 del transport.sharing.shares
                 if rank == 0:
                     numpy.testing.assert_array_equal(
@@ -1394,9 +1403,10 @@ def test_place_lands_rank_rs_bytes_in_block_r_or_one_read_in_a_block_of_its_own(
 
 def test_direct_moves_whose_ends_nearly_alias_go_through_a_bounce_and_land_whole(monkeypatch):
     """A direct read or write whose destination lies 1 to 15 bytes past its source within a
-    page, of SHIFTED_LEAST or more, goes through the bounce buffer (`_shifted`), every other
-    straight; either way every byte lands where it belongs and none beside it. (This process
-    reads and writes itself, as it may.)"""
+    page, of SHIFTED_LEAST or more, or 16 to 31 bytes past, of NEAR_SHIFTED_LEAST or more
+    (here lowered to a bounce's piece), goes through the bounce buffer (`_shifted`), every
+    other straight; either way every byte lands where it belongs and none beside it. (This
+    process reads and writes itself, as it may.)"""
     from transports import shared_memory
 
     from mpi4py import MPI
@@ -1407,6 +1417,7 @@ def test_direct_moves_whose_ends_nearly_alias_go_through_a_bounce_and_land_whole
     shifted = shared_memory._shifted
     monkeypatch.setattr(shared_memory, "_shifted",
                         lambda *args: (bounced.append(args[4]), shifted(*args)))
+    monkeypatch.setattr(shared_memory, "NEAR_SHIFTED_LEAST", shared_memory.BOUNCE_BYTES)
     longest = 2 * shared_memory.BOUNCE_BYTES + 7  # three pieces, the last one short
     source = numpy.random.default_rng(1).integers(0, 256, longest + 4 * 4096, numpy.uint8)
     into = numpy.zeros_like(source)
@@ -1414,7 +1425,8 @@ def test_direct_moves_whose_ends_nearly_alias_go_through_a_bounce_and_land_whole
     landing = into.ctypes.data + -into.ctypes.data % 4096
     least = shared_memory.SHIFTED_LEAST
     for nbytes in (100, least - 1, least, shared_memory.BOUNCE_BYTES, longest):
-        for start, end in ((0, 0), (0, 4), (0, 15), (0, 16), (4, 0), (1000, 1008), (5, 4101)):
+        for start, end in ((0, 0), (0, 4), (0, 15), (0, 16), (0, 31), (0, 32), (4, 0),
+                           (1000, 1008), (1000, 1024), (5, 4101)):
             for how in ("read", "write"):
                 into[...] = 0
                 before = len(bounced)
@@ -1428,7 +1440,9 @@ def test_direct_moves_whose_ends_nearly_alias_go_through_a_bounce_and_land_whole
                 assert numpy.array_equal(into[lo:lo + nbytes],
                                          source[page + start - source.ctypes.data:][:nbytes])
                 assert not into[:lo].any() and not into[lo + nbytes:].any()
-                aliases = 0 < (end - start) % 4096 < 16
+                past = (end - start) % 4096
+                aliases = 0 < past < 16 or 16 <= past < 32 \
+                    and nbytes >= shared_memory.BOUNCE_BYTES
                 assert len(bounced) - before == (aliases and nbytes >= least), \
                     (nbytes, start, end, how)
 

@@ -110,15 +110,23 @@ def write_peer_bytes(pid: int, address: int, local: int, nbytes: int) -> None:
 # 2048 (docs/performance.md, "Copies whose ends nearly alias"). Such a move of SHIFTED_LEAST
 # bytes or more goes through a bounce buffer (`_shifted`), a piece of BOUNCE_BYTES at a time.
 SHIFTED_LEAST = 16 << 10
+# 16 to 31 bytes past, a copy that streams out of the caches runs at about two thirds of its
+# speed: 16 MiB read in 2.6-3.4 ms so, 1.1-1.7 at an offset of 0 or 32, 1.8-2.5 through the
+# bounce; in the caches, at 4 MiB and less, at full speed, where the bounce costs (4 MiB:
+# 0.28-0.32 ms, bounced 0.37-0.40). So such a move of NEAR_SHIFTED_LEAST bytes or more
+# goes through the bounce too (docs/performance.md, "Copies whose ends nearly alias").
+NEAR_SHIFTED_LEAST = 8 << 20
 BOUNCE_BYTES = 1 << 20  # (a 16 MiB read took 1.9-2.1 ms so, 3.2-3.5 in pieces of 256 KiB)
 PAGE = 4096
 _bounces = threading.local()  # each thread's bounce buffer (`_shifted`)
 
 
-def _aliases(destination: int, source: int) -> bool:
-    """Whether a copy from `source` to `destination` (addresses) is one the kernel makes slowly:
-    the destination 1 to 15 bytes past the source, counted within a page."""
-    return 0 < (destination - source) % PAGE < 16
+def _aliases(destination: int, source: int, nbytes: int) -> bool:
+    """Whether a copy of `nbytes` from `source` to `destination` (addresses) is one the kernel
+    makes slowly: the destination 1 to 15 bytes past the source, counted within a page, or of
+    NEAR_SHIFTED_LEAST bytes or more, 16 to 31."""
+    past = (destination - source) % PAGE
+    return 0 < past < 16 or 16 <= past < 32 and nbytes >= NEAR_SHIFTED_LEAST
 
 
 def _cross(call: Any, name: str, pid: int, base: int, nbytes: int, address: int) -> None:
@@ -127,7 +135,8 @@ def _cross(call: Any, name: str, pid: int, base: int, nbytes: int, address: int)
     if call is None:
         raise OSError(f"no {name} here")
     reads = call is _process_vm_readv
-    if nbytes >= SHIFTED_LEAST and _aliases(*((base, address) if reads else (address, base))):
+    if nbytes >= SHIFTED_LEAST and _aliases(*((base, address) if reads else (address, base)),
+                                            nbytes):
         _shifted(call, name, pid, base, nbytes, address, reads)
     else:
         _whole(call, name, pid, base, nbytes, address)
