@@ -1350,37 +1350,47 @@ def test_a_crowded_send_is_left_in_place_while_its_copies_cost_over_slow():
     assert [call for call, (_, timed) in enumerate(calls, 1) if timed] == [explore, 2 * explore]
 
 
-def test_an_input_road_weighs_the_reads_against_the_copies_its_readers_make():
-    """`InputRoad`, past its warm-up: through the area while the reads cost MARGIN times the
-    owner's copy in (a byte of what its readers take) and their copies out, or more; where
-    its readers make no copy out (a reduce-scatter's work straight out of the area), against
-    the copy in alone."""
+def test_an_input_road_votes_by_the_reads_against_the_copies_and_goes_where_all_agree():
+    """`InputRoad`, past its warm-up: a rank votes for the area while its reads cost MARGIN
+    times its copy in (a byte of what its readers take) and its copies out, or more; where it
+    makes no copy out (a reduce-scatter's work straight out of the area), against the copy in
+    alone. The next call goes through the areas only where every rank's vote in this one said
+    so, whatever this rank's own costs say."""
     from transports.slots import InputRoad
 
     road = InputRoad(copied=512, taken=512)
-    road.calls = 2 * InputRoad.WARM  # (past the warm-up, and the next calls not explored)
     road.cost = {"in": 1.0, "out": None, "read": 1.0}  # no copy out: 1.0 against 0.75 * 1
-    assert road.through_area()
+    assert road.prefers_area()
     road.cost["out"] = 1.0  # 1.0 against 0.75 * 2
-    assert not road.through_area()
+    assert not road.prefers_area()
     road.cost = {"in": 1.0, "out": None, "read": 0.7}  # under 0.75 * 1
-    assert not road.through_area()
+    assert not road.prefers_area()
+    road.cost["in"] = None  # (no copy timed yet)
+    assert not road.prefers_area()
+    road.calls = 2 * InputRoad.WARM  # (past the warm-up, and the next calls not explored)
+    for votes, area in (([True, True], True), ([True, False], False), ([False, True], False),
+                        ([1, 1, 1], True), ([0, 1, 1], False)):
+        road.heard(iter(votes))
+        assert road.through_area() == area, votes
 
 
 def test_a_forward_road_votes_for_the_cheaper_and_explores_the_other_with_its_peer():
     """`ForwardRoad`: the ring's two steps in the first WARM calls, the forwarded step in the
-    next WARM, then the road that costs less, but for a run of RUN calls once in EXPLORE,
-    which take the other: chosen by the call's number alone, so both ranks explore at once."""
+    next WARM, then the road that costs less, but for a run of RUN calls from each power of
+    two from 4 * WARM to EXPLORE, then once in EXPLORE, which take the other: chosen by the
+    call's number alone, so both ranks explore at once."""
     from transports.slots import ForwardRoad
 
     road = ForwardRoad()
     warm, explore, run = ForwardRoad.WARM, ForwardRoad.EXPLORE, ForwardRoad.RUN
     assert [road.forwards() for _ in range(2 * warm)] == [False] * warm + [True] * warm
-    explored = [explore + k for k in range(run)]
+    starts = [1 << k for k in range((4 * warm).bit_length() - 1, explore.bit_length())]
+    explored = [start + k for start in starts + [2 * explore] for k in range(run)]
+    assert starts[0] == 4 * warm and starts[-1] == explore
     for forward, steps in ((1.0, 2.0), (2.0, 1.0)):
         road.calls = 2 * warm
         road.cost = {"steps": steps, "forward": forward}
-        votes = {call: road.forwards() for call in range(2 * warm + 1, 2 * explore)}
+        votes = {call: road.forwards() for call in range(2 * warm + 1, 2 * explore + run)}
         assert [call for call, vote in votes.items() if vote != (forward < steps)] == explored
 
 
@@ -1964,14 +1974,15 @@ def kept_own_scenario() -> None:
 
 
 def input_roads_scenario() -> None:
-    """Inputs read in place that an area holds go by their owners' roads (`InputRoad`): the
-    first WARM calls of a kind through the areas, the next WARM in place, every rank alike;
-    then, where rank 0 always takes its area and rank 1 always leaves its input in place, each
-    reader takes each input from where it lies; and once in EXPLORE calls (16 here) a run on
-    the other road. All-to-alls (in place too), all-gathers, reduce-scatters and all-reduces
-    (whose inputs above LEFT_BYTES are left where they lie, or go through the areas), by the
-    lane and by the general path, each right every call; a reader that places nothing works
-    straight out of its owner's area."""
+    """Inputs read in place that an area holds go by their roads (`InputRoad`): the first WARM
+    calls of a kind through the areas, the next WARM in place, every rank alike, and once in
+    EXPLORE calls (16 here) a run on the other road; the others through the areas only where
+    every rank voted so in the call before. Where rank 0 takes its area and rank 1 leaves its
+    input in place all the same, each reader takes each input from where it lies. All-to-alls
+    (in place too), all-gathers, reduce-scatters and all-reduces (whose inputs above
+    LEFT_BYTES are left where they lie, or go through the areas), by the lane and by the
+    general path, each right every call; a reader that places nothing works straight out of
+    its owner's area."""
     from collectives.blocks import equal, own_blocks
     from transports import slots
 
@@ -2028,6 +2039,17 @@ def input_roads_scenario() -> None:
                                for start in (0, 1)), (case, made)
                     # Once in EXPLORE calls, a run on the other road: both are seen after.
                     assert set(made[2 * warm + 1:]) == {False, True}, (case, made)
+            # Agreed: each rank votes by its own costs, and the next call takes the areas
+            # only where every rank voted for them: votes apart, both read in place.
+            slots.InputRoad._first = lambda road, cheaper: cheaper()  # (no exploring)
+            prefers_area = slots.InputRoad.prefers_area
+            for votes, area in (((True, False), False), ((True, True), True),
+                                ((False, True), False)):
+                slots.InputRoad.prefers_area = lambda road: votes[rank]
+                calls(True)  # (the votes heard)
+                assert calls(True) == [not area] * 5, (votes, rank)
+            slots.InputRoad.prefers_area = prefers_area
+            del slots.InputRoad._first  # (NumberedRoad's again)
             # Mixed: rank 0 through its area, rank 1 in place.
             slots.InputRoad.through_area = lambda road: rank == 0
             for general in (False, True):
@@ -2181,7 +2203,7 @@ def test_a_pair_of_ranks_agrees_on_the_road_of_a_kind_of_sendrecv():
     scenario_ends_well("pair_roads", 2, "pair roads ok")
 
 
-def test_inputs_read_in_place_go_through_the_areas_where_their_owners_choose():
+def test_inputs_read_in_place_go_through_the_areas_where_every_rank_votes_so():
     scenario_ends_well("input_roads", 2, "input roads ok")
 
 

@@ -173,14 +173,15 @@ Measured on 4 ranks sharing 2 cores (`mpiexec -n 4 python -m benchmarks.all_to_a
 took 538 us where the pairwise exchange took 1019 (MPICH's 327-402), a 4 MiB all-gather 2507
 where the ring took 3262; on 3 ranks, 537 against 623, and 2245 against 3123. Every rank of a
 call names alike what it takes, so all take the same exchange; the general path names the same
-as the lane. Where every rank has a core, an input that an area holds goes by the road its
-owner has measured cheaper (`InputRoad`): read in place as above, or copied into its owner's
+as the lane. Where every rank has a core, the inputs that the areas hold go by the road the
+ranks measure cheaper (`InputRoad`: the areas where every rank's costs said so in the call
+before, each voting in its published line): read in place as above, or copied into its owner's
 area and out again by its readers, whose copies run out of the caches while the cores share
 theirs (docs/performance.md, "Pair areas of a megabyte, and inputs through the areas by the
 road measured cheaper": a 1 MiB all-to-all on 2 ranks from 0.82x-0.96x MPICH's speed to
 1.16x-1.24x); a reader that places nothing (a reduce-scatter's) does not copy it out, but
 works straight out of the area, as out of any one-shot exchange's. A reader takes each input
-from where its owner's word says it lies, so each owner chooses alone.
+from where its owner's word says it lies, whatever its own road.
 
 Folded checks. A call whose check is handed over (`check_first`) makes it in its first
 exchange: the rank first publishes what fits in its free slots, then checks (every rank's call
@@ -274,7 +275,7 @@ import math
 import os
 import struct
 import time
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import numpy
 from mpi4py import MPI
@@ -330,6 +331,9 @@ READ_PIECE_BYTES = 1 << 20
 # The first control lines: three counters, then one per peer (consumed); the slot, call,
 # pair, share and push lines follow (the module's docstring, and `_setup`).
 BARRIER, PUBLISHED, READ, CONSUMED = 0, 1, 2, 3
+# In the published line, after its counter: a rank's vote in its one-shot exchange of each
+# turn's parity, for its kind's next call through the areas (`InputRoad`).
+AREA_VOTES = PUBLISHED * WORDS + 1
 # One-shot inputs of which each rank takes at least this much are read in place (see "Inputs
 # read in place"), where direct reads work: where every rank has a core, and where ranks
 # outnumber cores (CROWDED_INPUT_BYTES).
@@ -389,7 +393,7 @@ LANDING_BITS = 56
 # inputs"): measured with 1 MiB all-reduces, 274-296 us against 318-341 through the areas in a
 # fast spell, 221-253 against 307-314 in a slow one; with 512 KiB ones the areas, which then
 # fit a core's cache, won in the fast spell (72-79 us against 111-122) and lost in the slow
-# one. Where an area holds it, it goes by the road its owner measures cheaper (`InputRoad`):
+# one. Where an area holds it, it goes by the road the ranks measure cheaper (`InputRoad`):
 # on the third machine the areas won at 1 MiB too.
 LEFT_BYTES = 512 << 10
 
@@ -769,14 +773,20 @@ class NumberedRoad:
     and takes each by the same road. Each rank times its moves on each road, a byte each (`took`,
     `folded`), and the number of the call alone chooses the explored calls: the first WARM take
     the first road, the next WARM the second, and once in EXPLORE calls a run of RUN takes the
-    road the costs do not prefer, so that its cost stays known. So the ranks explore together,
-    and each measures the road it explores.
+    road the costs do not prefer, so that its cost stays known; before that, so does a run from
+    each power of two from 4 * WARM, so that a cost the warm-up measured in another moment
+    holds for a few calls, not for EXPLORE. (A 1 MiB all-to-all's copies into the areas, timed
+    at 96-101 picoseconds a byte in one run's warm-up, took 26-32 once taken again; in 5 of 14
+    runs of 1500 calls on 2 ranks, the road chosen on the warm-up's costs held to call 512,
+    calls 9 to 350 taking 85-112 us on average where a call through both areas took about 50.)
+    So the ranks explore together, and each measures the road it explores.
 
     Exploring is dear where the roads are far apart: in a slow spell a 1 MiB all-to-all took
     68 us a call in place and 200-900 through the areas (`InputRoad`), so a run of RUN in 64
     calls added about 7 us to every call's mean (docs/performance.md, "Roads explored less
     often"). Once in EXPLORE = 512 calls costs about 1 us, and at these sizes 512 calls take
-    well under a second, where spells last minutes.
+    well under a second, where spells last minutes; the five runs before call 512 cost ten
+    calls on the dearer road once, for each kind.
     """
 
     WARM = 4
@@ -796,7 +806,8 @@ class NumberedRoad:
         self.calls = calls = self.calls + 1
         if calls <= 2 * self.WARM:
             return calls <= self.WARM
-        return cheaper() != (calls % self.EXPLORE < self.RUN)
+        period = min(self.EXPLORE, 1 << calls.bit_length() - 1)  # (a power of two, to EXPLORE)
+        return cheaper() != (period >= 4 * self.WARM and calls % period < self.RUN)
 
     def took(self, kind: str, seconds: float, nbytes: int) -> None:
         """Fold `seconds` spent on `nbytes` of `kind` into its cost."""
@@ -818,11 +829,15 @@ class InputRoad(NumberedRoad):
     byte (docs/performance.md, "Pair areas of a megabyte, and inputs through the areas by the
     road measured cheaper"). So each rank times its moves of the kind, a byte each: as owner,
     its copy in ("in"); as reader, its copies out of its peers' areas ("out": none where it
-    makes none) and its reads of their inputs ("read"). As owner it takes the road its own
-    costs say is cheaper for its readers (they move as it does), reading in place while that
-    costs under MARGIN times the copies; the area is the first road (`NumberedRoad`). A reader
-    takes an input from wherever its owner's word says it lies, so each owner may choose
-    alone.
+    makes none) and its reads of their inputs ("read"). Each rank votes in every call for the
+    road its own costs say is cheaper (`prefers_area`: in place while its reads cost under
+    MARGIN times the copies they spare), and the next call takes the areas only where every
+    rank voted so (`heard`); the area is the first road (`NumberedRoad`). A reader takes an
+    input from wherever its owner's word says it lies, so owners could choose alone, and did:
+    then one rank, whose reads had looked dear, put its input in its area while its peer left
+    its own in place, and made the copies and the read both, while its peer waited. A 1 MiB
+    all-to-all on 2 ranks took 83-91 us a call so, against 49-51 through both areas, in a
+    third of the 1500 calls of two runs of six (calls 9 to 512 of each).
     """
 
     MARGIN = 0.75
@@ -830,16 +845,22 @@ class InputRoad(NumberedRoad):
     def __init__(self, copied: int, taken: int) -> None:
         super().__init__("in", "out", "read")
         self.copied, self.taken = copied, taken  # what an owner copies in, a reader takes
+        self.agreed = False  # the last call's votes: True, all for the areas
 
     def through_area(self) -> bool:
-        """The road of this rank's input in the next call: True through its area."""
-        return self._first(self._area_cheaper)
+        """The road of every rank's input in the next call: True through the areas."""
+        return self._first(lambda: self.agreed)
 
-    def _area_cheaper(self) -> bool:
+    def prefers_area(self) -> bool:
+        """This rank's vote, by its own costs: True for the areas."""
         copy_in, copy_out, read = self.cost["in"], self.cost["out"], self.cost["read"]
         return copy_in is not None and (  # (no copy out timed: its readers made none)
             read is None or read >= self.MARGIN * (copy_in * self.copied / self.taken
                                                    + (copy_out or 0)))
+
+    def heard(self, votes: Iterable[int]) -> None:
+        """Every rank's vote in this call (its own among them): the next call's road."""
+        self.agreed = all(votes)
 
 
 class LeftRoad(NumberedRoad):
@@ -2259,7 +2280,8 @@ class SlotTransport(Transport):
                 own[share + 5] = into_at + asker[3][0] | eighths << LANDING_BITS
                 own[share + 4] = turn
             own[address[parity]] = word
-            own[PUBLISHED * WORDS] = turn  # last: the line and the address are now visible
+            own[AREA_VOTES + parity] = road is not None and road.prefers_area()
+            own[PUBLISHED * WORDS] = turn  # last: the line, the address and the vote are visible
             try:
                 inputs = take(buf, line, into, turn, parity, mine, their_lines, ours_at, into_at,
                               word, unread, asks, alongside, parts[eighths],
@@ -2289,6 +2311,8 @@ class SlotTransport(Transport):
                 if their_line != mine:
                     self._answer_messages(line, their_lines)
                     self._compare_lines(line, their_lines)  # raises, nothing taken
+            if road is not None:
+                road.heard(ctl[AREA_VOTES + parity] for ctl in self._ctl)
             if word & SHARED and self._ctl[peer][shared + 4] == turn:  # our reader asks
                 landing = self._ctl[peer][shared + 5]
                 self._move(write_peer_bytes, peer, "write its input into rank {}",
