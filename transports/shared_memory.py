@@ -110,8 +110,8 @@ def write_peer_bytes(pid: int, address: int, local: int, nbytes: int) -> None:
 # 2048 (docs/performance.md, "Copies whose ends nearly alias"). Such a move of SHIFTED_LEAST
 # bytes or more goes through a bounce buffer (`_shifted`), a piece of BOUNCE_BYTES at a time.
 SHIFTED_LEAST = 16 << 10
-# 16 to 31 bytes past, a copy that streams out of the caches runs at about two thirds of its
-# speed: 16 MiB read in 2.6-3.4 ms so, 1.1-1.7 at an offset of 0 or 32, 1.8-2.5 through the
+# 16 to 31 bytes past, a copy that streams out of the caches runs at about half its speed:
+# 16 MiB read in 2.6-3.4 ms so, 1.1-1.7 at an offset of 0 or 32, 1.8-2.4 through the
 # bounce; in the caches, at 4 MiB and less, at full speed, where the bounce costs (4 MiB:
 # 0.28-0.32 ms, bounced 0.37-0.40). So such a move of NEAR_SHIFTED_LEAST bytes or more
 # goes through the bounce too (docs/performance.md, "Copies whose ends nearly alias").
