@@ -1325,27 +1325,27 @@ def test_a_kind_of_sendrecv_prefers_reads_only_while_they_cost_under_the_margin(
 
 
 def test_a_crowded_send_is_left_in_place_while_its_copies_cost_over_slow():
-    """`CrowdedRoad`: WARM timed calls through the area, the cost the least of them; then
+    """`SendRoad`: WARM timed calls through the area, the cost the least of them; then
     through the area, one call in SAMPLE timed, while copies cost at most SLOW a byte; else
     in place, but for a run of RUN calls through the area once in EXPLORE calls, the last of
     them timed."""
-    from transports.slots import CrowdedRoad
+    from transports.slots import SendRoad
 
-    road = CrowdedRoad()
-    assert [road.next() for _ in range(CrowdedRoad.WARM)] == [(False, True)] * CrowdedRoad.WARM
-    for nbytes_time in [9e-9] + [0.05e-9] * (CrowdedRoad.WARM - 1):  # the first cold
+    road = SendRoad()
+    assert [road.next() for _ in range(SendRoad.WARM)] == [(False, True)] * SendRoad.WARM
+    for nbytes_time in [9e-9] + [0.05e-9] * (SendRoad.WARM - 1):  # the first cold
         road.took(nbytes_time * 1000, 1000)
     assert road.cost == pytest.approx(0.05e-12 * 1000)
-    calls = [road.next() for _ in range(2 * CrowdedRoad.SAMPLE)]
+    calls = [road.next() for _ in range(2 * SendRoad.SAMPLE)]
     assert [left for left, _ in calls] == [False] * len(calls)
     assert sum(timed for _, timed in calls) == 2  # one in SAMPLE
     road.took(1.0, 1000)  # a copy the scheduler could not have slowed so: 4x the mean
-    assert road.cost == pytest.approx(50e-12 + CrowdedRoad.WEIGHT * (4 * 50e-12 - 50e-12))
-    road.cost = 4 * CrowdedRoad.SLOW
+    assert road.cost == pytest.approx(50e-12 + SendRoad.WEIGHT * (4 * 50e-12 - 50e-12))
+    road.cost = 4 * SendRoad.SLOW
     road.calls = 0
-    calls = [road.next() for _ in range(2 * CrowdedRoad.EXPLORE)]
+    calls = [road.next() for _ in range(2 * SendRoad.EXPLORE)]
     through = [call for call, (left, _) in enumerate(calls, 1) if not left]
-    explore, run = CrowdedRoad.EXPLORE, CrowdedRoad.RUN
+    explore, run = SendRoad.EXPLORE, SendRoad.RUN
     assert through == [c for k in (1, 2) for c in range(k * explore - run + 1, k * explore + 1)]
     assert [call for call, (_, timed) in enumerate(calls, 1) if timed] == [explore, 2 * explore]
 
@@ -1859,11 +1859,11 @@ def pair_roads_scenario() -> None:
 
 def crowded_ring_scenario() -> None:
     """Ring shifts of 64 KiB (PAIR_ROADS_FROM) on ranks that share cores: each rank's send
-    goes through its pair area while its `CrowdedRoad` says copies cost at most SLOW a byte,
+    goes through its pair area while its `SendRoad` says copies cost at most SLOW a byte,
     and is left in place, its receiver reading it, while they cost more, but for the runs
     through the area that keep the cost known (the costs set by hand, every rank alike). Every
     message lands whole, whichever road; a rank reads exactly when its sender left it."""
-    from transports.slots import IN_PLACE, INLINE, PAIR_ROADS_FROM, CrowdedRoad
+    from transports.slots import IN_PLACE, INLINE, PAIR_ROADS_FROM, SendRoad
 
     os.environ["RINGCC_SINGLE_COPY"] = "1"
     with collectives.init("shm", timeout=30) as comm:
@@ -1871,29 +1871,82 @@ def crowded_ring_scenario() -> None:
         if not transport.single_copy:
             print("crowded ring: no direct reads here", flush=True)
             return
-        if transport.crowded_roads is None:  # (every rank has a core here: as if not)
-            transport.crowded_roads = {}
         dst, src, count = (rank + 1) % size, (rank - 1) % size, PAIR_ROADS_FROM // 8
-        road = transport.crowded_roads[(dst, count * 8)] = CrowdedRoad()
-        road.times, road.cost, road.took = CrowdedRoad.WARM, 0.0, lambda *args: None
+        road = transport.send_roads[(dst, count * 8)] = SendRoad()
+        road.times, road.cost, road.took = SendRoad.WARM, 0.0, lambda *args: None
         reads = counted_reads(transport)
         roads = []
-        calls = 2 * CrowdedRoad.EXPLORE
+        calls = 2 * SendRoad.EXPLORE
         for call in range(1, calls + 1):
-            if call == CrowdedRoad.EXPLORE // 2:
-                road.cost = 2 * CrowdedRoad.SLOW  # copies dear from here on
+            if call == SendRoad.EXPLORE // 2:
+                road.cost = 2 * road.slow  # copies dear from here on
             before = len(reads)
             got = comm.sendrecv(cases.values(rank + call, count, "float64"), dst, src=src)
             numpy.testing.assert_array_equal(got, cases.values(src + call, count, "float64"))
             mark = cases._last_mark(transport, dst) & (INLINE | IN_PLACE)
             roads.append("area" if mark == INLINE else "place")
             assert (len(reads) > before) == (mark == IN_PLACE), call  # src did as we did
-        explore, run = CrowdedRoad.EXPLORE, CrowdedRoad.RUN
+        explore, run = SendRoad.EXPLORE, SendRoad.RUN
         expected = ["area"] * (explore // 2 - 1) + ["place"] * (explore // 2 - run + 1)
         expected += ["area"] * run + ["place"] * (explore - run) + ["area"] * run
         assert roads == expected, [(i + 1, r) for i, (r, e) in enumerate(zip(roads, expected))
                                    if r != e][:5]
         print("crowded ring ok", flush=True)
+
+
+def sends_alone_scenario() -> None:
+    """A send with no recv beside it, of 64 KiB (PAIR_ROADS_FROM), on two ranks with a core
+    each: it goes through its pair area while its `SendRoad` says copies cost at most SEND_SLOW
+    a byte, and is left in place, its receiver reading it, while they cost more, but for the
+    runs through the area that keep the cost known (the costs set by hand, on both ranks alike,
+    in a ping-pong). Every message lands whole, whichever road; a rank reads exactly when its
+    sender left it. (Where the two ranks share a core, a send alone has no road.)"""
+    from transports.slots import IN_PLACE, INLINE, PAIR_ROADS_FROM, SEND_SLOW, SendRoad
+
+    os.environ["RINGCC_SINGLE_COPY"] = "1"
+    with collectives.init("shm", timeout=30) as comm:
+        rank, transport = comm.rank, comm._transport
+        if transport.send_roads is None:
+            print("sends alone: no direct reads here", flush=True)
+            return
+        peer, count = 1 - rank, PAIR_ROADS_FROM // 8
+        if transport.oversubscribed:
+            got = numpy.empty(count)
+            for _ in range(2):
+                if rank == 0:
+                    comm.send(numpy.ones(count), peer)
+                comm.recv(got, peer)
+                if rank == 1:
+                    comm.send(numpy.ones(count), peer)
+            assert not transport.send_roads, transport.send_roads
+            print("sends alone ok (ranks share a core: no road)", flush=True)
+            return
+        road = transport.send_roads[(peer, count * 8)] = SendRoad(SEND_SLOW)
+        road.times, road.cost, road.took = SendRoad.WARM, 0.0, lambda *args: None
+        reads = counted_reads(transport)
+        roads = []
+        for call in range(1, 2 * SendRoad.EXPLORE + 1):
+            if call == SendRoad.EXPLORE // 2:
+                road.cost = 2 * SEND_SLOW  # copies dear from here on
+            mine, got = cases.values(rank + call, count, "float64"), numpy.empty(count)
+            if rank == 0:
+                comm.send(mine, peer)
+                mark = cases._last_mark(transport, peer)
+            before = len(reads)
+            comm.recv(got, peer)
+            read = len(reads) > before
+            if rank == 1:
+                comm.send(mine, peer)
+                mark = cases._last_mark(transport, peer)
+            numpy.testing.assert_array_equal(got, cases.values(peer + call, count, "float64"))
+            roads.append("area" if mark == INLINE else "place" if mark == IN_PLACE else mark)
+            assert read == (mark == IN_PLACE), call  # (the peer's send took our road)
+        explore, run = SendRoad.EXPLORE, SendRoad.RUN
+        expected = ["area"] * (explore // 2 - 1) + ["place"] * (explore // 2 - run + 1)
+        expected += ["area"] * run + ["place"] * (explore - run) + ["area"] * run
+        assert roads == expected, [(i + 1, r) for i, (r, e) in enumerate(zip(roads, expected))
+                                   if r != e][:5]
+        print("sends alone ok", flush=True)
 
 
 def reduced_sends_scenario() -> None:
@@ -2215,6 +2268,10 @@ def test_a_crowded_ring_shift_goes_through_the_areas_or_in_place_as_its_copies_c
     scenario_ends_well("crowded_ring", 3, "crowded ring ok")
 
 
+def test_a_send_alone_goes_through_the_area_or_in_place_as_its_copies_cost():
+    scenario_ends_well("sends_alone", 2, "sends alone ok")
+
+
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_exchanged_passes_of_uneven_chunks_agree_on_every_rank(ranks):
     scenario_ends_well("uneven_passes", ranks, "uneven passes ok")
@@ -2232,7 +2289,8 @@ SCENARIOS = {"collectives": collectives_scenario, "failure": failure_scenario,
              "one_sided_broadcast": one_sided_broadcast_scenario,
              "kept_own": kept_own_scenario, "pair_roads": pair_roads_scenario,
              "input_roads": input_roads_scenario, "uneven_passes": uneven_passes_scenario,
-             "crowded_ring": crowded_ring_scenario, "reduced_sends": reduced_sends_scenario}
+             "crowded_ring": crowded_ring_scenario, "reduced_sends": reduced_sends_scenario,
+             "sends_alone": sends_alone_scenario}
 
 if __name__ == "__main__":
     record_regions()

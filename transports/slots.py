@@ -245,8 +245,8 @@ where the general way ran at 0.51x-0.60x, and at 0.65x-0.76x against 0.50x-0.57x
 
 Crowded ring shifts. Where ranks outnumber the cores, a ring shift's send of PAIR_ROADS_FROM up
 to a pair area goes through the area while the rank's copies into its areas cost at most
-CrowdedRoad.SLOW a byte, and is left in place for its receiver to read while they cost more
-(`CrowdedRoad`, one per kind of send: now and then it copies into the area all the same, so
+SendRoad.SLOW a byte, and is left in place for its receiver to read while they cost more
+(`SendRoad`, one per kind of send: now and then it copies into the area all the same, so
 that the cost stays known). Its copies are timed in the rank's CPU time, not the clock's: a
 rank that shares a core loses it in the middle of a copy, which the clock would count. The
 receiver takes the message from wherever the sender's mark says (`_take_pair`), so each sender
@@ -254,6 +254,13 @@ chooses alone. On the third machine copies into memory that a peer on the other 
 swing with the machine, from job to job: a 256 KiB copy into a pair area took 7.5 us of CPU in
 one job and 81-112 in the next, and 3 ranks' 256 KiB ring shift 59-64 us against 250-265
 (docs/performance.md, "Crowded ring shifts by the cost of their copies").
+
+Sends alone. Where every rank has a core, a send with no recv beside it of PAIR_ROADS_FROM up
+to a pair area and a segment goes the same way, by its own `SendRoad`, at SEND_SLOW a byte: in
+the slow spells a copy into an area that the receiver read last costs several times a read of
+the sender's buffer, and a 256 KiB send and its recv took 279-281 us a round trip through the
+area, 76-77 by the road (MPICH's `Send` and `Recv` 45-54 in such spells). In the fast ones the
+road keeps the area, as before.
 
 One-sided moves. Where direct reads work, a collective may move blocks itself (`locate`,
 `get`): an exchange carries where a buffer lies (its address word, as for inputs read in
@@ -322,6 +329,14 @@ REDUCED_DIRECT_BYTES = 512 << 10
 # slots; read directly in those, 3.6-4.5 (docs/performance.md, "Crowded ring shifts by the
 # cost of their copies").
 REDUCED_SLOW = 250e-12
+# A send alone where every rank has a core (see "Sends alone") is left in place while its
+# sender's copies into its pair area cost more than this a byte, in CPU time. In a ping-pong of
+# 64-256 KiB on 2 ranks, each road pinned in turn within each job (docs/performance.md, "Sends
+# alone left in place"), those copies cost 72-250 ps a byte in the jobs of the fast spells,
+# where the area won at 64 KiB and the two roads were within a fifth, either way, at 128 and
+# 256 KiB, and 366-589 in the slow ones, where through the area a round trip took 88-100,
+# 161-172 and 279-281 us, left in place 38-43, 48 and 60-70.
+SEND_SLOW = 250e-12
 # A direct read that is reduced goes through scratch this much at a time: fewer system calls,
 # each pinning the peer's pages, while a piece stays in the caches to be reduced. Measured on
 # 2 ranks, a 16 MiB all-reduce alternating the forwarded step ("Forwarded results") with the
@@ -722,14 +737,16 @@ class Sharing:
                            self.OUTLIER)
 
 
-class CrowdedRoad:
-    """Whether a ring shift's send on ranks that share cores goes through the pair area, or is
-    left in place for its receiver to read (see "Crowded ring shifts").
+class SendRoad:
+    """Whether a send alone goes through the pair area, or is left in place for its receiver
+    to read: a ring shift's on ranks that share cores (see "Crowded ring shifts"), or one with no
+    recv beside it where every rank has a core (see "Sends alone").
 
     Through the area it costs the sender a copy, which runs out of the caches or, where the
     receiver on the other core read the area last and the machine is in a slow spell, at ten
     times that. So the sender times its copies into its areas in CPU time, and leaves its sends
-    in place while they cost more than SLOW a byte. It starts through the areas, for WARM
+    in place while they cost more than `slow` a byte (SLOW where ranks share cores, SEND_SLOW
+    where each has one). It starts through the areas, for WARM
     timed calls, from the least it saw there (the first copies, and the first after a while
     in place, run cold), then keeps a running mean, each time counted for at most OUTLIER
     times the mean; it times one call of SAMPLE through the areas. While in place, once in
@@ -745,7 +762,8 @@ class CrowdedRoad:
     WEIGHT = 0.5
     OUTLIER = 4
 
-    def __init__(self) -> None:
+    def __init__(self, slow: float = SLOW) -> None:
+        self.slow = slow
         self.cost: float | None = None  # seconds of CPU a byte of a copy into the area, lately
         self.times = 0  # copies timed
         self.calls = 0
@@ -756,7 +774,7 @@ class CrowdedRoad:
         self.calls = calls = self.calls + 1
         if self.times < self.WARM:
             return False, True
-        if self.cost <= self.SLOW:
+        if self.cost <= self.slow:
             return False, calls % self.SAMPLE == 0
         left = -calls % self.EXPLORE  # calls until the next run through the areas ends
         return left >= self.RUN, left == 0
@@ -1055,12 +1073,13 @@ class SlotTransport(Transport):
         # rank has a core (`_stream`, "Direct reads"): while copies into the slots cost more
         # than REDUCED_SLOW a byte.
         self.reduced_sends = Sharing(REDUCED_SLOW)
-        # Where ranks outnumber the cores, each kind of ring shift's send of PAIR_ROADS_FROM or
-        # more goes through the area or is left in place as its own `CrowdedRoad` has measured
-        # (see "Crowded ring shifts"), by (peer, bytes sent), kept as the exchanges are; None:
-        # where every rank has a core, or no direct reads.
-        self.crowded_roads: dict[tuple[int, int], CrowdedRoad] | None = {} \
-            if self.oversubscribed and self.single_copy and self.memory.in_host_region else None
+        # Each kind of send alone of PAIR_ROADS_FROM or more goes through the area or is left
+        # in place as its own `SendRoad` has measured: a ring shift's where ranks outnumber the
+        # cores (see "Crowded ring shifts"), one with no recv beside it where every rank has a
+        # core ("Sends alone"); by (peer, bytes sent), kept as the exchanges are. None: no
+        # direct reads.
+        self.send_roads: dict[tuple[int, int], SendRoad] | None = {} \
+            if self.single_copy and self.memory.in_host_region else None
         self._registered: list[list[Any]] = []  # per registered region: every rank's mapping
         self._registered_at: list[tuple[int, int]] = []  # per region: our mapping's [lo, hi)
         self._mapped_at: list[list[int]] = []  # per region: where we map each rank's
@@ -1581,12 +1600,16 @@ class SlotTransport(Transport):
             roads = kept(self.pair_roads, (peer, sent_bytes, expected_bytes), KEPT_EXCHANGES,
                          PairRoad)
         fixed = (how, MESSAGES | how, False)  # a call's road, its mark, whether it is timed
-        # A crowded ring shift's send: through the area or left in place, call by call, as
-        # its copies cost (see "Crowded ring shifts"); the call under way in `current`.
-        crowded = None
-        if self.crowded_roads is not None and ring and how == INLINE and sent_bytes is not None \
-                and sent_bytes >= PAIR_ROADS_FROM and reads_from is not None:
-            crowded = kept(self.crowded_roads, (peer, sent_bytes), KEPT_EXCHANGES, CrowdedRoad)
+        # A send alone, a crowded ring shift's or one with no recv beside it where every rank
+        # has a core: through the area or left in place, call by call, as its copies cost
+        # (see "Crowded ring shifts", "Sends alone"); the call under way in `current`.
+        send_road = None
+        if self.send_roads is not None and how == INLINE and sent_bytes is not None \
+                and sent_bytes >= PAIR_ROADS_FROM and reads_from is not None \
+                and (ring if self.oversubscribed else not ring and expected_bytes is None):
+            slow = SendRoad.SLOW if self.oversubscribed else SEND_SLOW
+            send_road = kept(self.send_roads, (peer, sent_bytes), KEPT_EXCHANGES,
+                             lambda: SendRoad(slow))
         current = [fixed]
         in_place = (IN_PLACE, MESSAGES | IN_PLACE, False)
         c_sent, c_expected, dtypes = kind
@@ -1614,9 +1637,9 @@ class SlotTransport(Transport):
             turn = pairs[peer] + 1
             line = says[turn & 1]
             road, first, timed = fixed if roads is None else roads.next()
-            gauged = False  # (a crowded send's copy timed)
-            if crowded is not None:
-                left, gauged = crowded.next()
+            gauged = False  # (a send alone's copy timed)
+            if send_road is not None:
+                left, gauged = send_road.next()
                 road, first, timed = current[0] = in_place if left else fixed
             if timed:
                 first |= roads.say()
@@ -1633,7 +1656,7 @@ class SlotTransport(Transport):
                     if timed:
                         roads.copied = time.perf_counter() - started
                     elif gauged:
-                        crowded.took(time.thread_time() - started, mine.nbytes)
+                        send_road.took(time.thread_time() - started, mine.nbytes)
             elif mine is not None:
                 ours[line + WORDS - 1] = buffer_address(mine)
             pairs[peer] = turn  # (`_say`)
