@@ -259,7 +259,7 @@ Sends alone. Where every rank has a core, a send with no recv beside it of PAIR_
 to a pair area and a segment goes the same way, by its own `SendRoad`, at SEND_SLOW a byte: in
 the slow spells a copy into an area that the receiver read last costs several times a read of
 the sender's buffer, and a 256 KiB send and its recv took 279-281 us a round trip through the
-area, 76-77 by the road (MPICH's `Send` and `Recv` 45-54 in such spells). In the fast ones the
+area, 76-77 by the road (MPICH's `Send` and `Recv` 46-54 in such spells). In the fast ones the
 road keeps the area, as before.
 
 One-sided moves. Where direct reads work, a collective may move blocks itself (`locate`,
@@ -746,12 +746,11 @@ class SendRoad:
     receiver on the other core read the area last and the machine is in a slow spell, at ten
     times that. So the sender times its copies into its areas in CPU time, and leaves its sends
     in place while they cost more than `slow` a byte (SLOW where ranks share cores, SEND_SLOW
-    where each has one). It starts through the areas, for WARM
-    timed calls, from the least it saw there (the first copies, and the first after a while
-    in place, run cold), then keeps a running mean, each time counted for at most OUTLIER
-    times the mean; it times one call of SAMPLE through the areas. While in place, once in
-    EXPLORE calls it goes through the areas for RUN calls, the last one timed, so that the
-    cost stays known.
+    where each has one). It starts through the areas, for WARM timed calls, from the least it
+    saw there (the first copies, and the first after a while in place, run cold), then keeps a
+    running mean, each time counted for at most OUTLIER times the mean; it times one call of
+    SAMPLE through the areas. While in place, once in EXPLORE calls it goes through the areas
+    for RUN calls, the last one timed, so that the cost stays known.
     """
 
     SLOW = Sharing.SLOW
