@@ -1857,6 +1857,19 @@ def pair_roads_scenario() -> None:
         print("pair roads ok", flush=True)
 
 
+def assert_send_roads(roads: list[str]) -> None:
+    """`roads`, a `SendRoad`'s calls over 2 * EXPLORE with the copies made dear from call
+    EXPLORE / 2 on, are: the area until then, in place after, but for a run of RUN through
+    the area once in EXPLORE calls."""
+    from transports.slots import SendRoad
+
+    explore, run = SendRoad.EXPLORE, SendRoad.RUN
+    expected = ["area"] * (explore // 2 - 1) + ["place"] * (explore // 2 - run + 1)
+    expected += ["area"] * run + ["place"] * (explore - run) + ["area"] * run
+    assert roads == expected, [(i + 1, r) for i, (r, e) in enumerate(zip(roads, expected))
+                               if r != e][:5]
+
+
 def crowded_ring_scenario() -> None:
     """Ring shifts of 64 KiB (PAIR_ROADS_FROM) on ranks that share cores: each rank's send
     goes through its pair area while its `SendRoad` says copies cost at most SLOW a byte,
@@ -1886,11 +1899,7 @@ def crowded_ring_scenario() -> None:
             mark = cases._last_mark(transport, dst) & (INLINE | IN_PLACE)
             roads.append("area" if mark == INLINE else "place")
             assert (len(reads) > before) == (mark == IN_PLACE), call  # src did as we did
-        explore, run = SendRoad.EXPLORE, SendRoad.RUN
-        expected = ["area"] * (explore // 2 - 1) + ["place"] * (explore // 2 - run + 1)
-        expected += ["area"] * run + ["place"] * (explore - run) + ["area"] * run
-        assert roads == expected, [(i + 1, r) for i, (r, e) in enumerate(zip(roads, expected))
-                                   if r != e][:5]
+        assert_send_roads(roads)
         print("crowded ring ok", flush=True)
 
 
@@ -1941,11 +1950,7 @@ def sends_alone_scenario() -> None:
             numpy.testing.assert_array_equal(got, cases.values(peer + call, count, "float64"))
             roads.append("area" if mark == INLINE else "place" if mark == IN_PLACE else mark)
             assert read == (mark == IN_PLACE), call  # (the peer's send took our road)
-        explore, run = SendRoad.EXPLORE, SendRoad.RUN
-        expected = ["area"] * (explore // 2 - 1) + ["place"] * (explore // 2 - run + 1)
-        expected += ["area"] * run + ["place"] * (explore - run) + ["area"] * run
-        assert roads == expected, [(i + 1, r) for i, (r, e) in enumerate(zip(roads, expected))
-                                   if r != e][:5]
+        assert_send_roads(roads)
         print("sends alone ok", flush=True)
 
 
