@@ -1371,7 +1371,7 @@ def test_an_input_road_votes_by_the_reads_against_the_copies_and_goes_where_all_
     for votes, area in (([True, True], True), ([True, False], False), ([False, True], False),
                         ([1, 1, 1], True), ([0, 1, 1], False)):
         road.heard(iter(votes))
-        assert road.through_area() == area, votes
+        assert road.takes_first() == area, votes
 
 
 def test_a_forward_road_votes_for_the_cheaper_and_explores_the_other_with_its_peer():
@@ -2112,7 +2112,7 @@ def input_roads_scenario() -> None:
             slots.InputRoad.prefers_area = prefers_area
             del slots.InputRoad._first  # (NumberedRoad's again)
             # Mixed: rank 0 through its area, rank 1 in place.
-            slots.InputRoad.through_area = lambda road: rank == 0
+            slots.InputRoad.takes_first = lambda road: rank == 0
             for general in (False, True):
                 for _ in range(3):
                     made = calls(general)
@@ -2156,6 +2156,114 @@ def input_roads_scenario() -> None:
             if "took" in vars(slots.LeftRoad):  # (NumberedRoad's again)
                 del slots.LeftRoad.took
     print("input roads ok", flush=True)
+
+
+def pushed_inputs_scenario() -> None:
+    """On 2 ranks with a core each, an all-gather's inputs of PUSHED_BYTES or more are written
+    by their owners into their peers' results where `PushRoad` says so (slots.py, "Pushed
+    inputs"), straight from the block each placed: all but the last bytes of a line, which the
+    reader reads; else each reader reads its peer's whole. The first WARM calls write, the next
+    WARM read, each timed on its road; then only where both ranks vote for writes. Smaller
+    ones are read as before, and so is an input in registered memory, which its owner does
+    not write. By the lane and the general path, against NumPy. Then a reader whose owner
+    writes too late gives up, naming what it waited for, and keeps the result it lent."""
+    from mpi4py import MPI
+
+    from transports import slots
+
+    os.environ["RINGCC_SINGLE_COPY"] = "1"
+    moved: list[tuple[str, int]] = []
+    read, write = slots.read_peer_bytes, slots.write_peer_bytes
+    slots.read_peer_bytes = lambda pid, there, here, n: (moved.append(("read", n)),
+                                                         read(pid, there, here, n))
+    slots.write_peer_bytes = lambda pid, there, here, n: (moved.append(("write", n)),
+                                                          write(pid, there, here, n))
+    took, prefers = slots.PushRoad.took, slots.PushRoad.prefers_writes
+    timed: list[str] = []
+    slots.PushRoad.took = lambda road, kind, seconds, nbytes: (
+        timed.append(kind), took(road, kind, seconds, nbytes))
+    with collectives.init("shm", timeout=30) as comm:
+        rank, transport = comm.rank, comm._transport
+        if transport.shares_inputs_from is None:
+            print("pushed inputs: no direct reads here", flush=True)  # (or no core each)
+            return
+        warm = slots.PushRoad.WARM
+        for count in (slots.PUSHED_BYTES // 8 - 1, slots.PUSHED_BYTES // 8 + 3):
+            nbytes = count * 8
+            everyone = [numpy.arange(count) * 3.0 + r + 0.25 for r in range(2)]
+            pushed = nbytes >= slots.PUSHED_BYTES
+            written = nbytes // 64 * 64
+            by_writes = [("write", written)] + ([("read", nbytes - written)]
+                                                if nbytes > written else [])
+            for general in (False, True):
+                transport._exchanges.clear()  # (the road from its first call)
+                comm._small_calls.clear()
+                timed.clear()
+                slots.PushRoad.prefers_writes = lambda road: True
+                seen = []
+                for _ in range(2 * warm + 2):
+                    moved.clear()
+                    result = numpy.full((2, count), -1.0)
+                    (comm._all_gather if general else comm.all_gather)(everyone[rank], result)
+                    numpy.testing.assert_array_equal(result, numpy.stack(everyone))
+                    seen.append(list(moved))
+                # (A lane's first call of a kind may take the general path, which may make
+                # an exchange of its own: the road then starts a call later.)
+                roads = [by_writes] * warm + [[("read", nbytes)]] * warm + [by_writes]
+                if pushed:
+                    assert any(seen[start:start + 2 * warm + 1] == roads for start in (0, 1)), \
+                        (general, seen)
+                    assert timed == ["write" if made == by_writes else "read"
+                                     for made in seen], (timed, seen)
+                else:
+                    assert all(made == [("read", nbytes)] for made in seen), seen
+                    assert timed == [], timed
+                if not pushed:
+                    continue
+                # Votes apart: the next calls read (the road's own numbering explores none).
+                slots.PushRoad.prefers_writes = lambda road: rank == 0
+                for _ in range(2):
+                    moved.clear()
+                    comm.all_gather(everyone[rank], result)
+                assert moved == [("read", nbytes)], moved
+                numpy.testing.assert_array_equal(result, numpy.stack(everyone))
+            # An input in registered memory is read where it lies, through its mapping.
+            slots.PushRoad.prefers_writes = lambda road: True
+            registered = comm.empty(count)  # (collective)
+            mine = registered if rank == 0 else everyone[rank].copy()
+            mine[...] = everyone[rank]
+            for _ in range(3):
+                moved.clear()
+                result = numpy.full((2, count), -1.0)
+                comm.all_gather(mine, result)
+                numpy.testing.assert_array_equal(result, numpy.stack(everyone))
+            if pushed:  # (rank 1 writes its own; rank 0 reads what rank 1 did not write)
+                assert moved == (by_writes[:1] if rank == 1 else by_writes[1:]), moved
+            del mine, registered
+    slots.read_peer_bytes, slots.write_peer_bytes = read, write
+    slots.PushRoad.took, slots.PushRoad.prefers_writes = took, prefers
+    # Rank 0 writes its input 2 s late: rank 1, timed out, keeps its result (slots._LENT).
+    world = MPI.COMM_WORLD
+    comm = collectives.init("shm", timeout=1)
+    slots.PushRoad.takes_first = lambda road: True
+    mine = numpy.full(slots.PUSHED_BYTES // 8, rank + 1.0)
+    result = numpy.zeros((2, mine.size))
+    if rank == 0:
+        slots.write_peer_bytes = lambda *args: (time.sleep(2), write(*args))
+    said = ""
+    try:
+        comm.all_gather(mine, result)
+    except collectives.CollectiveTimeoutError as error:
+        said = str(error)
+    world.barrier()  # (rank 0's late write has landed)
+    if rank == 1:
+        assert "its part of an input" in said, said
+        assert any(lent is result or numpy.shares_memory(lent, result)
+                   for lent in slots._LENT), slots._LENT
+        assert (result[0] == 1.0).all()  # the late write, into memory nobody reused
+    else:
+        assert "its input to be read" in said, said
+    print("pushed inputs ok", flush=True)
 
 
 def uneven_passes_scenario() -> None:
@@ -2268,6 +2376,27 @@ def test_inputs_read_in_place_go_through_the_areas_where_every_rank_votes_so():
     scenario_ends_well("input_roads", 2, "input roads ok")
 
 
+def test_an_all_gathers_inputs_are_written_by_their_owners_where_both_ranks_vote_so():
+    scenario_ends_well("pushed_inputs", 2, "pushed inputs ok")
+
+
+def test_a_push_road_votes_for_writes_while_they_cost_no_more_than_reads():
+    """`PushRoad`: a rank votes for writes while its writes cost no more than its reads a byte
+    (or only writes are timed); the next call writes only where every rank voted so."""
+    from transports.slots import PushRoad
+
+    road = PushRoad()
+    assert not road.prefers_writes()  # (nothing timed yet)
+    for write, read, vote in ((1.0, None, True), (1.0, 1.0, True), (1.0, 0.9, False),
+                              (0.5, 0.9, True)):
+        road.cost = {"write": write, "read": read}
+        assert road.prefers_writes() == vote, (write, read)
+    road.calls = 2 * PushRoad.WARM  # (past the warm-up, and the next calls not explored)
+    for votes, writes in (([1, 1], True), ([1, 0], False), ([0, 1], False)):
+        road.heard(iter(votes))
+        assert road.takes_first() == writes, votes
+
+
 def test_a_reduced_message_is_read_directly_while_copies_into_the_slots_are_slow():
     scenario_ends_well("reduced_sends", 2, "reduced sends ok")
 
@@ -2298,7 +2427,7 @@ SCENARIOS = {"collectives": collectives_scenario, "failure": failure_scenario,
              "kept_own": kept_own_scenario, "pair_roads": pair_roads_scenario,
              "input_roads": input_roads_scenario, "uneven_passes": uneven_passes_scenario,
              "crowded_ring": crowded_ring_scenario, "reduced_sends": reduced_sends_scenario,
-             "sends_alone": sends_alone_scenario}
+             "sends_alone": sends_alone_scenario, "pushed_inputs": pushed_inputs_scenario}
 
 if __name__ == "__main__":
     record_regions()

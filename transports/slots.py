@@ -106,6 +106,22 @@ its root to read, by the road it measures cheaper (`LeftRoad`): in a slow spell 
 the area, into memory the root read in the call before, made a 1 MiB reduce take 440-449 us,
 left in place 126-130; in a fast one the area wins.
 
+Pushed inputs. On two ranks with a core each, an all-gather's inputs of PUSHED_BYTES or more
+(each rank places its own block and takes its peer's whole input into place) may move the
+other way: each rank asks, as a shared input's reader does, for the whole input (all but the
+last bytes of a line, which it reads), and marks its own address word SHARED. Once the lines
+agree, each copies its input into its own block of the result, then writes that block, still
+in its caches, into its peer's result (`process_vm_writev`), and says so in its share line;
+it returns once its peer's has landed and its peer has counted the turn read. A read fetches
+the input from memory that the other core filled last; the write goes out of the writer's own
+caches, and lands where the two results lie, whose distance within a page the two ranks' like
+allocations often make a multiple of 32 where the input's and the result's are not
+("Copies whose ends nearly alias" in docs/performance.md). But a write into memory that the
+other core read last waits in a slow spell, as a forwarded result's does, so the two roads go
+by `PushRoad`: each rank times the rest of the call from when both have come, on either road,
+and votes; the blocks are written where both voted so. Where a rank's input lies in
+registered memory, it is not written: its peer copies it out of its mapping.
+
 Forwarded results. A ring all-reduce's last reduce-scatter step and its first all-gather
 step (`reduce_forward`) are fused where direct reads are, every rank has a core, and every
 chunk is of DIRECT_BYTES or more: each rank announces its outgoing chunk as for a direct read,
@@ -347,8 +363,8 @@ READ_PIECE_BYTES = 1 << 20
 # pair, share and push lines follow (the module's docstring, and `_setup`).
 BARRIER, PUBLISHED, READ, CONSUMED = 0, 1, 2, 3
 # In the published line, after its counter: a rank's vote in its one-shot exchange of each
-# turn's parity, for its kind's next call through the areas (`InputRoad`).
-AREA_VOTES = PUBLISHED * WORDS + 1
+# turn's parity, for its kind's next call by the first of its two roads (`VotedRoad`).
+VOTES = PUBLISHED * WORDS + 1
 # One-shot inputs of which each rank takes at least this much are read in place (see "Inputs
 # read in place"), where direct reads work: where every rank has a core, and where ranks
 # outnumber cores (CROWDED_INPUT_BYTES).
@@ -396,7 +412,7 @@ SHARED_BYTES = 512 << 10
 # An address word marked so (an ordinary address: below 2**47) says that its owner takes
 # nothing in the exchange, and writes the first part of its input (half, or
 # ALONGSIDE_EIGHTHS eighths) into its reader's buffer if the reader asks (see "Shared
-# inputs").
+# inputs"); or, an all-gather's, that its owner writes it all so (see "Pushed inputs").
 SHARED = 1 << 61
 # A shared input's reader asks for this many eighths of it from its owner where the reader
 # has work of its own to make meanwhile (`alongside`: a gather's root copying its block),
@@ -411,6 +427,10 @@ LANDING_BITS = 56
 # one. Where an area holds it, it goes by the road the ranks measure cheaper (`InputRoad`):
 # on the third machine the areas won at 1 MiB too.
 LEFT_BYTES = 512 << 10
+# On two ranks with a core each, an all-gather's inputs of this size or more may be written by
+# their owners into their peers' results, by the road both ranks measure cheaper (`PushRoad`,
+# see "Pushed inputs").
+PUSHED_BYTES = 2 << 20
 
 
 class MemoryKind(Protocol):
@@ -833,7 +853,26 @@ class NumberedRoad:
                                  self.WEIGHT, self.OUTLIER)
 
 
-class InputRoad(NumberedRoad):
+class VotedRoad(NumberedRoad):
+    """A `NumberedRoad` whose ranks each vote in every call for the road their own costs say is
+    cheaper (in their published lines, VOTES), and whose next call takes the first road only
+    where every rank voted so (`heard`): where each rank chose alone, ranks on different roads
+    made each other wait (`InputRoad`)."""
+
+    def __init__(self, *kinds: str) -> None:
+        super().__init__(*kinds)
+        self.agreed = False  # the last call's votes: True, all for the first road
+
+    def takes_first(self) -> bool:
+        """The road of every rank in the next call: True the first."""
+        return self._first(lambda: self.agreed)
+
+    def heard(self, votes: Iterable[int]) -> None:
+        """Every rank's vote in this call (its own among them): the next call's road."""
+        self.agreed = all(votes)
+
+
+class InputRoad(VotedRoad):
     """Whether an input of one kind of one-shot exchange read in place (an all-to-all's, an
     all-gather's, a reduce-scatter's, of DIRECT_INPUT_BYTES or more taken of each, see "Inputs
     read in place") goes through its owner's area instead, where an area holds it.
@@ -862,11 +901,6 @@ class InputRoad(NumberedRoad):
     def __init__(self, copied: int, taken: int) -> None:
         super().__init__("in", "out", "read")
         self.copied, self.taken = copied, taken  # what an owner copies in, a reader takes
-        self.agreed = False  # the last call's votes: True, all for the areas
-
-    def through_area(self) -> bool:
-        """The road of every rank's input in the next call: True through the areas."""
-        return self._first(lambda: self.agreed)
 
     def prefers_area(self) -> bool:
         """This rank's vote, by its own costs: True for the areas."""
@@ -875,9 +909,29 @@ class InputRoad(NumberedRoad):
             read is None or read >= self.MARGIN * (copy_in * self.copied / self.taken
                                                    + (copy_out or 0)))
 
-    def heard(self, votes: Iterable[int]) -> None:
-        """Every rank's vote in this call (its own among them): the next call's road."""
-        self.agreed = all(votes)
+
+class PushRoad(VotedRoad):
+    """Whether a two-rank all-gather's inputs of PUSHED_BYTES or more are written by their
+    owners into their peers' results (see "Pushed inputs"), or read in place by their peers.
+
+    Neither always wins on one machine. Written, an owner's input goes out of its caches, just
+    read there to place its own block, and lands at its peer's result; read, the peer's core
+    fetches it from the owner's memory. But a write into memory that the other core read last
+    waits, in a slow spell, for that core's copy of each line to be dropped (as `ForwardRoad`'s
+    does), where a read does not; and a write's lines land in its peer's caches while the
+    peer is busy with its own block. So each rank times the rest of the call on the road
+    taken, from when both have come (its own block's copy, its move, its wait for its peer's),
+    a byte each ("write" or "read"), and votes for the cheaper; the inputs are written where
+    both voted so. Writes are the first road (`NumberedRoad`).
+    """
+
+    def __init__(self) -> None:
+        super().__init__("write", "read")
+
+    def prefers_writes(self) -> bool:
+        """This rank's vote, by its own costs: True for writes."""
+        write, read = self.cost["write"], self.cost["read"]
+        return write is not None and (read is None or write <= read)
 
 
 class LeftRoad(NumberedRoad):
@@ -2249,8 +2303,16 @@ class SlotTransport(Transport):
         # rank's) leaves it where it lies, or puts it in its area, by the road it measures
         # cheaper where every rank has a core (`LeftRoad`).
         left_road = LeftRoad() if offers and self.roads is not None else None
-        # What a shared input's owner writes: half, or more where its reader has work meanwhile.
-        parts = {eighths: _sender_part(nbytes, eighths) for eighths in (4, ALONGSIDE_EIGHTHS)}
+        # On two ranks, an all-gather's inputs (each rank places its own and takes its peer's
+        # whole) of PUSHED_BYTES or more may be written by their owners instead, by the road
+        # both measure cheaper (`PushRoad`, see "Pushed inputs").
+        push_road = PushRoad() if shares and road is None and self.roads is not None \
+            and nbytes >= PUSHED_BYTES and len(landing) == 2 and wanted[0][2] == nbytes \
+            else None
+        # What a shared input's owner writes: half, more where its reader has work meanwhile,
+        # or all of it, pushed.
+        parts = {eighths: _sender_part(nbytes, eighths)
+                 for eighths in (4, ALONGSIDE_EIGHTHS, 8)}
         peer = (rank + 1) % size  # (the only one, where inputs are shared)
         share = (self._share_line + peer) * WORDS  # our share line for it: words 4 to 6
         shared = (self._share_line + rank) * WORDS  # its for us, in its control lines
@@ -2269,9 +2331,11 @@ class SlotTransport(Transport):
             keeps, self._keeps_own = self._keeps_own, False
             alongside, self._alongside = self._alongside, None
             gauged = offers and whole and not word & REGISTERED  # (`Sharing` chooses)
-            through_area = road is not None and road.through_area() and not word & REGISTERED
+            through_area = road is not None and road.takes_first() and not word & REGISTERED
             chosen = left_road is not None and not whole and not unread and not by_address \
                 and not word & REGISTERED
+            # (Every rank of an all-gather gives `into`: all count the call, and push alike.)
+            pushes = push_road is not None and into is not None and push_road.takes_first()
             left = chosen and left_road.leaves()
             began = time.perf_counter() if chosen else 0.0
             overlaps = into_at is not None and into_at < ours_at + nbytes \
@@ -2280,6 +2344,8 @@ class SlotTransport(Transport):
                 word = 0
             elif gauged and sharing.shares():
                 word |= SHARED  # read where it lies, half of it written by us if asked
+            elif pushes and not word & REGISTERED:
+                word |= SHARED  # written by us, where our reader asks
             elif through_area:  # (the copy timed for `InputRoad`)
                 started, area_at = time.perf_counter(), areas_at[parity][rank]
                 for lo, length in spans:
@@ -2296,18 +2362,19 @@ class SlotTransport(Transport):
                 word = 0
             if into is not None and into.nbytes == alone_length:
                 into_at -= alone_at  # (so that its one block lands at its start)
-            asks = asker is not None and into is not None
-            eighths = ALONGSIDE_EIGHTHS if alongside is not None else 4
+            asks = (asker is not None or pushes) and into is not None
+            eighths = 8 if pushes else ALONGSIDE_EIGHTHS if alongside is not None else 4
             if asks:  # where the input we take lands, and how much of it its owner writes
-                own[share + 5] = into_at + asker[3][0] | eighths << LANDING_BITS
+                own[share + 5] = into_at + wanted[0][3][0] | eighths << LANDING_BITS
                 own[share + 4] = turn
             own[address[parity]] = word
-            own[AREA_VOTES + parity] = road is not None and road.prefers_area()
+            own[VOTES + parity] = road.prefers_area() if road is not None else \
+                push_road is not None and push_road.prefers_writes()
             own[PUBLISHED * WORDS] = turn  # last: the line, the address and the vote are visible
             try:
                 inputs = take(buf, line, into, turn, parity, mine, their_lines, ours_at, into_at,
                               word, unread, asks, alongside, parts[eighths],
-                              keeps and into is None)
+                              keeps and into is None, pushes)
                 if chosen:  # (left: once its reader has read it)
                     left_road.took("place" if left else "area", time.perf_counter() - began,
                                    nbytes)
@@ -2322,10 +2389,12 @@ class SlotTransport(Transport):
         def take(buf: Any, line: memoryview, into: Any | None, turn: int, parity: int,
                  mine: memoryview, their_lines: list[memoryview], ours_at: int,
                  into_at: int | None, word: int, unread: bool, asks: bool,
-                 alongside: Callable[[], None] | None, part: int, kept: bool) -> Any:
+                 alongside: Callable[[], None] | None, part: int, kept: bool,
+                 pushes: bool) -> Any:
             """The exchange once this rank has published: wait for the peers, then move (and
             make `alongside` before reading, while a shared input's owner writes `part`); our
-            own bytes not at all where the caller keeps them (`kept`: `keeps_own`)."""
+            own bytes not at all where the caller keeps them (`kept`: `keeps_own`). Where the
+            inputs are pushed, ours is written once its own block is placed."""
             for ctl in peers:
                 if ctl[PUBLISHED * WORDS] < turn:
                     self._wait_published(ctl, turn)
@@ -2333,14 +2402,14 @@ class SlotTransport(Transport):
                 if their_line != mine:
                     self._answer_messages(line, their_lines)
                     self._compare_lines(line, their_lines)  # raises, nothing taken
-            if road is not None:
-                road.heard(ctl[AREA_VOTES + parity] for ctl in self._ctl)
-            if word & SHARED and self._ctl[peer][shared + 4] == turn:  # our reader asks
-                landing = self._ctl[peer][shared + 5]
-                self._move(write_peer_bytes, peer, "write its input into rank {}",
-                           landing & (1 << LANDING_BITS) - 1, ours_at,
-                           _sender_part(nbytes, landing >> LANDING_BITS))
-                own[share + 6] = turn  # our part has landed
+            timed = push_road if into is not None else None  # (the call, from here on)
+            voted = road or timed
+            if voted is not None:
+                voted.heard(ctl[VOTES + parity] for ctl in self._ctl)
+            come = time.perf_counter()  # (every rank has)
+            asked = word & SHARED and self._ctl[peer][shared + 4] == turn  # by our reader
+            if asked and not pushes:
+                write_ours(ours_at, turn)
             inputs = None
             if into is None:
                 scratch, scratched = kept_scratch or made_scratch()
@@ -2354,6 +2423,8 @@ class SlotTransport(Transport):
                     ctypes.memmove(base + at[where], ours_at + lo, length)
                     if inputs is not None:
                         inputs[rank] = scratched[rank]
+            if asked and pushes:  # from our block just placed, still in the caches
+                write_ours(base + ours[0][2][0], turn)
             if alongside is not None:
                 alongside()
             for r, lo, length, at, what in wanted:
@@ -2370,17 +2441,18 @@ class SlotTransport(Transport):
                 if theirs & REGISTERED:
                     ctypes.memmove(base + at[where], self._mapped(r, theirs) + lo, length)
                 elif theirs & SHARED and asks:  # all but the part its owner writes
-                    self._move(read_peer_bytes, r, what, theirs - SHARED + lo + part,
-                               base + at[where] + part, length - part)
+                    if length > part:  # (pushed: the last bytes of a line, if any)
+                        self._move(read_peer_bytes, r, what, theirs - SHARED + lo + part,
+                                   base + at[where] + part, length - part)
                     if self._ctl[r][shared + 6] < turn:
                         self.wait(lambda: self._ctl[r][shared + 6] >= turn, r,
                                   "its part of an input")
                 else:
-                    started = time.perf_counter()
+                    reading = time.perf_counter()
                     self._move(read_peer_bytes, r, what, (theirs & ~SHARED) + lo,
                                base + at[where], length)
                     if road is not None:
-                        road.took("read", time.perf_counter() - started, length)
+                        road.took("read", time.perf_counter() - reading, length)
                 if inputs is not None:
                     inputs[r] = scratched[r]
             if asks:
@@ -2389,7 +2461,18 @@ class SlotTransport(Transport):
             if word and not self._everyone(READ, turn):
                 self.wait(lambda: self._everyone(READ, turn), None, "its input to be read",
                           late=lambda: self._behind(READ, turn))
+            if timed is not None:
+                timed.took("write" if pushes else "read", time.perf_counter() - come, nbytes)
             return inputs
+
+        def write_ours(source: int, turn: int) -> None:
+            """Write the part of our input that our reader asked for in `turn`, from `source`
+            (our input, or its copy placed in our result), where it lands in its memory."""
+            landing = self._ctl[peer][shared + 5]
+            self._move(write_peer_bytes, peer, "write its input into rank {}",
+                       landing & (1 << LANDING_BITS) - 1, source,
+                       _sender_part(nbytes, landing >> LANDING_BITS))
+            own[share + 6] = turn  # our part has landed
 
         return exchange
 
