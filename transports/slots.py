@@ -2448,11 +2448,11 @@ class SlotTransport(Transport):
                         self.wait(lambda: self._ctl[r][shared + 6] >= turn, r,
                                   "its part of an input")
                 else:
-                    reading = time.perf_counter()
+                    started = time.perf_counter()
                     self._move(read_peer_bytes, r, what, (theirs & ~SHARED) + lo,
                                base + at[where], length)
                     if road is not None:
-                        road.took("read", time.perf_counter() - reading, length)
+                        road.took("read", time.perf_counter() - started, length)
                 if inputs is not None:
                     inputs[r] = scratched[r]
             if asks:
@@ -2461,7 +2461,7 @@ class SlotTransport(Transport):
             if word and not self._everyone(READ, turn):
                 self.wait(lambda: self._everyone(READ, turn), None, "its input to be read",
                           late=lambda: self._behind(READ, turn))
-            if timed is not None:
+            if timed is not None and not word & REGISTERED:  # (registered: read, whatever)
                 timed.took("write" if pushes else "read", time.perf_counter() - come, nbytes)
             return inputs
 
