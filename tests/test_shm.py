@@ -21,6 +21,7 @@ import signal
 import subprocess
 import time
 import sys
+from collections.abc import Callable
 
 import numpy
 import pytest
@@ -60,6 +61,21 @@ def counted_reads(transport) -> list[int]:
     transport.memory.read = lambda pid, address, into: (reads.append(into.nbytes),
                                                         read(pid, address, into))
     return reads
+
+
+def counted_moves() -> tuple[list[tuple[str, int]], Callable, Callable]:
+    """Each move by address between ranks from now on ("read" or "write", its bytes: slots'
+    read_peer_bytes, write_peer_bytes), as a list that grows; and the two moves it wraps, to
+    put back."""
+    from transports import slots
+
+    moved: list[tuple[str, int]] = []
+    read, write = slots.read_peer_bytes, slots.write_peer_bytes
+    slots.read_peer_bytes = lambda pid, there, here, n: (moved.append(("read", n)),
+                                                         read(pid, there, here, n))
+    slots.write_peer_bytes = lambda pid, there, here, n: (moved.append(("write", n)),
+                                                          write(pid, there, here, n))
+    return moved, read, write
 
 
 def check_everywhere(comm, world, case: str, check, **example) -> None:
@@ -498,12 +514,7 @@ def shared_inputs_scenario() -> None:
     from transports import slots
 
     world = MPI.COMM_WORLD
-    moved: list[tuple[str, int]] = []
-    read, write = slots.read_peer_bytes, slots.write_peer_bytes
-    slots.read_peer_bytes = lambda pid, there, here, n: (moved.append(("read", n)),
-                                                         read(pid, there, here, n))
-    slots.write_peer_bytes = lambda pid, there, here, n: (moved.append(("write", n)),
-                                                          write(pid, there, here, n))
+    moved, read, write = counted_moves()
     with collectives.init("shm", timeout=30) as comm:
         rank = comm.rank
         assert comm._transport.shares_inputs_from == slots.SHARED_BYTES, "needs a core per rank"
@@ -2172,12 +2183,7 @@ def pushed_inputs_scenario() -> None:
     from transports import slots
 
     os.environ["RINGCC_SINGLE_COPY"] = "1"
-    moved: list[tuple[str, int]] = []
-    read, write = slots.read_peer_bytes, slots.write_peer_bytes
-    slots.read_peer_bytes = lambda pid, there, here, n: (moved.append(("read", n)),
-                                                         read(pid, there, here, n))
-    slots.write_peer_bytes = lambda pid, there, here, n: (moved.append(("write", n)),
-                                                          write(pid, there, here, n))
+    moved, read, write = counted_moves()
     took, prefers = slots.PushRoad.took, slots.PushRoad.prefers_writes
     timed: list[str] = []
     slots.PushRoad.took = lambda road, kind, seconds, nbytes: (
