@@ -23,8 +23,9 @@ Each rank's host region holds
                 share p    one line per peer: for a shared message from p, which one and
                            where it lands; for ours to p, which one's part has landed;
                            the last pair turn whose message from p, read in place, this
-                           rank has read; for a shared input from p, the turn and where
-                           it lands; for ours to p, the last turn whose half has landed;
+                           rank has read; for a shared (or pushed) input from p, the turn,
+                           and where it lands and how much p writes; for ours to p, the
+                           last turn whose part has landed;
                            last, how much of a shared message from p its sender writes
                 push p     one line per peer: where p's forwarded result lands (posts made,
                            address, size); how many of ours to p have landed
