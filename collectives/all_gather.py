@@ -11,7 +11,9 @@ block and reads every other's at once, the call's check riding along. It moves t
 as the ring, (N-1)/N of the output each way, but waits once instead of N-1 times. Where the
 transport reads each block straight out of its owner's memory into place
 (`Transport.reads_in_place`: shm, where direct reads work), blocks of any size take it:
-each is then copied once, as in the ring, with one wait.
+each is then copied once, as in the ring, with one wait. (On two ranks, a large block may be
+written into place by its owner instead, where that measures cheaper: transports/slots.py,
+"Pushed inputs".)
 """
 
 from __future__ import annotations
