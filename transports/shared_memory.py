@@ -129,6 +129,13 @@ def _aliases(destination: int, source: int, nbytes: int) -> bool:
     return 0 < past < 16 or 16 <= past < 32 and nbytes >= NEAR_SHIFTED_LEAST
 
 
+def half_a_page_from(address: int, start: int) -> int:
+    """How far past `start` (a buffer's first byte) lies the first byte that is half a page
+    from `address` within a page: where a kernel copy of the bytes at `address` lands at full
+    speed (`_aliases`), as a bounce and a reduced read's scratch place it."""
+    return (address + PAGE // 2 - start) % PAGE
+
+
 def _cross(call: Any, name: str, pid: int, base: int, nbytes: int, address: int) -> None:
     """Move `nbytes` bytes between `base` here and `address` in process `pid` with `call`
     (process_vm_readv or process_vm_writev), which may move less than asked at a time."""
@@ -170,7 +177,7 @@ def _shifted(call: Any, name: str, pid: int, base: int, nbytes: int, address: in
     for lo in range(0, nbytes, BOUNCE_BYTES):
         length = min(BOUNCE_BYTES, nbytes - lo)
         here, there = base + lo, address + lo
-        between = start + (there + PAGE // 2 - start) % PAGE
+        between = start + half_a_page_from(there, start)
         if reads:
             _whole(call, name, pid, between, length, there)
             ctypes.memmove(here, between, length)

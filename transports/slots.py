@@ -309,7 +309,8 @@ from .base import (CALL_WORDS, GENERAL_WAY, MESSAGES, READIED, SILENT, Exchange,
                    result_phase, ring_kinds, ring_step, swapped_dtypes)
 from .bootstrap import duplicated, on_one_node, start
 from .errors import CollectiveError, InvalidArgumentError, MismatchError, PeerFailedError
-from .shared_memory import SHM_DIR, free_bytes, read_peer_bytes, share_regions, write_peer_bytes
+from .shared_memory import (SHM_DIR, free_bytes, half_a_page_from, read_peer_bytes,
+                            share_regions, write_peer_bytes)
 
 LINE = 64  # bytes: a cache line, one counter each
 PAIR_WORDS = struct.Struct("=6Q")  # a pair line's six integers, after its turn
@@ -1916,7 +1917,7 @@ class SlotTransport(Transport):
         # choose. (The add minds no offset.)
         read = isinstance(message, int)
         if read:
-            at = (message + PAGE // 2 - buffer_address(self._scratch)) % PAGE
+            at = half_a_page_from(message, buffer_address(self._scratch))
             scratch = self._scratch[at:at + READ_PIECE_BYTES]
         for lo in range(0, into.size, READ_PIECE_BYTES):
             hi = min(lo + READ_PIECE_BYTES, into.size)
